@@ -1,0 +1,176 @@
+"""Element-wise kernels: binary arithmetic with repeat, SCALE, SQR, SQRT, UNARY and GLU.
+
+Every function here is written against the array module ``xp`` (numpy or CuPy). Half-precision
+tensors are computed in float32 and rounded once when stored, as ggml does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from polydev.ops import GluOp, Op, UnaryOp
+from polydev.tensor import Tensor
+
+from .broadcast import repeat_views
+
+_BINARY = {Op.ADD: "add", Op.SUB: "subtract", Op.MUL: "multiply", Op.DIV: "divide"}
+
+
+def bind_binary(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    fn = getattr(xp, _BINARY[node.op])
+    (d, a), b = repeat_views([env.view(node), env.view(node.src[0])], env.view(node.src[1]))
+    return lambda: fn(a, b, out=d)
+
+
+def bind_scale(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    s, bias = node.op_params
+    d, a = env.view(node), env.view(node.src[0])
+    if bias == 0.0:
+        return lambda: xp.multiply(a, s, out=d)
+
+    def run() -> None:
+        xp.multiply(a, s, out=d)
+        xp.add(d, bias, out=d)
+    return run
+
+
+def bind_sqr(env, node: Tensor) -> Callable[[], None]:
+    d, a = env.view(node), env.view(node.src[0])
+    return lambda: env.xp.square(a, out=d)
+
+
+def bind_sqrt(env, node: Tensor) -> Callable[[], None]:
+    d, a = env.view(node), env.view(node.src[0])
+    return lambda: env.xp.sqrt(a, out=d)
+
+
+# --- unary functions: f(xp, x, out) with x float32; out may be x itself ------------------------
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_COEF_A = 0.044715
+_GELU_QUICK_COEF = -1.702
+
+
+def _sigmoid(xp, x, out):
+    e = xp.exp(-x)
+    e += 1
+    xp.divide(1.0, e, out=out)
+
+
+def _silu(xp, x, out):
+    e = xp.exp(-x)
+    e += 1
+    xp.divide(x, e, out=out)
+
+
+def _gelu(xp, x, out):
+    inner = x * x
+    inner *= _GELU_COEF_A
+    inner += 1
+    inner *= x
+    inner *= _SQRT_2_OVER_PI
+    xp.tanh(inner, out=inner)
+    inner += 1
+    inner *= 0.5
+    xp.multiply(x, inner, out=out)
+
+
+def _gelu_quick(xp, x, out):
+    e = xp.exp(x * _GELU_QUICK_COEF)
+    e += 1
+    xp.divide(x, e, out=out)
+
+
+def _hardsigmoid(xp, x, out):
+    t = x + 3.0
+    t /= 6.0
+    xp.clip(t, 0.0, 1.0, out=out)
+
+
+def _hardswish(xp, x, out):
+    t = x + 3.0
+    t /= 6.0
+    xp.clip(t, 0.0, 1.0, out=t)
+    xp.multiply(x, t, out=out)
+
+
+def _elu(xp, x, out):
+    xp.copyto(out, xp.where(x > 0, x, xp.expm1(x)))
+
+
+def _softplus(xp, x, out):
+    xp.copyto(out, xp.where(x > 20.0, x, xp.log1p(xp.exp(xp.minimum(x, 20.0)))))
+
+
+def _step(xp, x, out):
+    xp.copyto(out, x > 0)
+
+
+UNARY_FUNCTIONS: dict[UnaryOp, Callable[[Any, Any, Any], None]] = {
+    UnaryOp.ABS: lambda xp, x, out: xp.abs(x, out=out),
+    UnaryOp.SGN: lambda xp, x, out: xp.sign(x, out=out),
+    UnaryOp.NEG: lambda xp, x, out: xp.negative(x, out=out),
+    UnaryOp.STEP: _step,
+    UnaryOp.TANH: lambda xp, x, out: xp.tanh(x, out=out),
+    UnaryOp.ELU: _elu,
+    UnaryOp.RELU: lambda xp, x, out: xp.maximum(x, 0.0, out=out),
+    UnaryOp.SIGMOID: _sigmoid,
+    UnaryOp.GELU: _gelu,
+    UnaryOp.GELU_QUICK: _gelu_quick,
+    UnaryOp.SILU: _silu,
+    UnaryOp.HARDSWISH: _hardswish,
+    UnaryOp.HARDSIGMOID: _hardsigmoid,
+    UnaryOp.EXP: lambda xp, x, out: xp.exp(x, out=out),
+    UnaryOp.EXPM1: lambda xp, x, out: xp.expm1(x, out=out),
+    UnaryOp.SOFTPLUS: _softplus,
+    UnaryOp.FLOOR: lambda xp, x, out: xp.floor(x, out=out),
+    UnaryOp.CEIL: lambda xp, x, out: xp.ceil(x, out=out),
+    UnaryOp.ROUND: lambda xp, x, out: xp.copyto(out, xp.trunc(x + xp.copysign(0.5, x))),
+    UnaryOp.TRUNC: lambda xp, x, out: xp.trunc(x, out=out),
+}
+
+
+def bind_unary(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    fn = UNARY_FUNCTIONS[UnaryOp(node.op_params[0])]
+    d, a = env.view(node), env.view(node.src[0])
+    if d.dtype == xp.float32 and a.dtype == xp.float32:
+        return lambda: fn(xp, a, d)
+
+    def run() -> None:
+        x = a.astype(xp.float32)
+        fn(xp, x, x)
+        xp.copyto(d, x, casting="unsafe")
+    return run
+
+
+_GLU_ACTIVATION = {
+    GluOp.REGLU: UnaryOp.RELU,
+    GluOp.GEGLU: UnaryOp.GELU,
+    GluOp.SWIGLU: UnaryOp.SILU,
+    GluOp.GEGLU_QUICK: UnaryOp.GELU_QUICK,
+}
+
+
+def bind_glu(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    act = UNARY_FUNCTIONS[_GLU_ACTIVATION[GluOp(node.op_params[0])]]
+    swapped = bool(node.op_params[1])
+    d, a = env.view(node), env.view(node.src[0])
+    if len(node.src) > 1 and node.src[1] is not None:
+        x, g = a, env.view(node.src[1])
+    else:
+        n = d.shape[-1]
+        x, g = a[..., :n], a[..., n:]
+        if swapped:
+            x, g = g, x
+
+    def run() -> None:
+        y = x.astype(xp.float32)
+        act(xp, y, y)
+        y *= g
+        xp.copyto(d, y, casting="unsafe")
+    return run

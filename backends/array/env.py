@@ -1,0 +1,55 @@
+"""What a backend gives the shared array kernels: its array module and its views of tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from polydev.tensor import Tensor
+from polydev.types import GGMLType, TYPE_TRAITS
+
+
+class ArrayEnv(Protocol):
+    """The backend side of the array kernels (numpy for CPU, CuPy for CUDA).
+
+    ``view`` gives a zero-copy strided array of a plain-type tensor (shape ``reversed(ne)``;
+    BF16 as uint16 bits); ``rows`` gives a block-format tensor's rows as uint8
+    ``(ne3, ne2, ne1, row_bytes)``; ``dequantize``/``quantize`` convert rows of any type with a
+    codec; ``weight_f32`` returns a callable giving a float32 array of a matrix's values,
+    cached across calls where the backend can prove the bytes did not change.
+    """
+
+    xp: Any
+
+    def view(self, t: Tensor) -> Any: ...
+
+    def rows(self, t: Tensor) -> Any: ...
+
+    def dequantize(self, rows: Any, type_: GGMLType, out: Any = None) -> Any: ...
+
+    def quantize(self, values: Any, type_: GGMLType) -> Any: ...
+
+    def weight_f32(self, t: Tensor) -> Callable[[], Any]: ...
+
+
+def same_memory(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors are the same bytes under the same layout (an in-place op)."""
+    return a.buffer is b.buffer and a.offset == b.offset and a.nb == b.nb and a.ne == b.ne
+
+
+def needs_codec(type_: GGMLType) -> bool:
+    """Whether a type's storage is not directly an array dtype (block formats and BF16)."""
+    return TYPE_TRAITS[type_].is_quantized or type_ == GGMLType.BF16
+
+
+def storage(env: ArrayEnv, t: Tensor) -> Any:
+    """The array a kernel writes a tensor's stored form through: rows of block bytes for
+    block formats, the element view otherwise (BF16 as uint16 bits)."""
+    return env.rows(t) if TYPE_TRAITS[t.type].is_quantized else env.view(t)
+
+
+def values_of(env: ArrayEnv, t: Tensor) -> Any:
+    """A tensor's values as an array of shape reversed(ne): a view for plain types, decoded
+    float32 for block formats and BF16."""
+    if not needs_codec(t.type):
+        return env.view(t)
+    return env.dequantize(storage(env, t), t.type).reshape(t.shape)

@@ -1,0 +1,52 @@
+"""MUL_MAT: ``dst = b @ a.T`` per matrix, with a broadcast over b's dims 2 and 3.
+
+ggml maps b's matrix i12 to a's matrix i12 // (b.ne2 // a.ne2) (and the same for dim 3), so
+each of a's matrices serves a run of consecutive b matrices: b's dims are split into
+(a's count, ratio) and a gets a size-1 axis for the ratio. Weights of any type go through the
+backend's ``weight_f32`` (cached dequantization where the backend has one); the product runs
+in float32 through BLAS.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from polydev.tensor import Tensor
+
+
+def _batch_views(a_shape, b, d):
+    """Reshape b (b3, b2, N, K) and d (b3, b2, N, M) to (a3, r3, a2, r2, ...) when a's batch
+    dims are neither 1 nor b's; returns (b, d, expand_a) where expand_a adapts a."""
+    a3, a2 = a_shape[0], a_shape[1]
+    b3, b2 = b.shape[0], b.shape[1]
+    if (a2 in (1, b2)) and (a3 in (1, b3)):
+        return b, d, lambda a: a
+    r3, r2 = b3 // a3, b2 // a2
+    b = b.reshape(a3, r3, a2, r2, *b.shape[2:])
+    d = d.reshape(a3, r3, a2, r2, *d.shape[2:])
+    return b, d, lambda a: a.reshape(a3, 1, a2, 1, *a.shape[2:])
+
+
+def bind_mul_mat(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    a_t, b_t = node.src[0], node.src[1]
+    weight = env.weight_f32(a_t)
+    b, d = env.view(b_t), env.view(node)
+    b_batched, d_batched, expand_a = _batch_views(a_t.shape, b, d)
+    needs_f32 = b.dtype != xp.float32
+    # BLAS wants unit stride along K; a permuted b is made contiguous per call
+    packed = b.strides[-1] == b.itemsize
+
+    if b.shape[0] == 1 and b.shape[1] == 1 and a_t.ne[2] == 1 and a_t.ne[3] == 1:
+        b2d, d2d = b[0, 0], d[0, 0]      # the common case: one matrix product
+
+        def run_2d() -> None:
+            rhs = b2d if packed and not needs_f32 else xp.ascontiguousarray(b2d, dtype=xp.float32)
+            xp.matmul(rhs, weight()[0, 0].T, out=d2d)
+        return run_2d
+
+    def run() -> None:
+        rhs = b_batched if packed and not needs_f32 else \
+            xp.ascontiguousarray(b_batched, dtype=xp.float32)
+        xp.matmul(rhs, xp.swapaxes(expand_a(weight()), -1, -2), out=d_batched)
+    return run

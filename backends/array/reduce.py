@@ -1,0 +1,40 @@
+"""Reductions: SUM, SUM_ROWS, MEAN, ARGMAX."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from polydev.tensor import Tensor
+
+
+def bind_sum(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    d, a = env.view(node), env.view(node.src[0])
+    # ggml accumulates f32 sums in double
+    return lambda: xp.copyto(d, a.sum(dtype=xp.float64).reshape(d.shape), casting="unsafe")
+
+
+def bind_sum_rows(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    d, a = env.view(node), env.view(node.src[0])
+    if d.dtype == xp.float32 and a.dtype == xp.float32:
+        return lambda: xp.sum(a, axis=-1, keepdims=True, out=d)
+    return lambda: xp.copyto(d, a.sum(axis=-1, keepdims=True, dtype=xp.float32), casting="unsafe")
+
+
+def bind_mean(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    d, a = env.view(node), env.view(node.src[0])
+    n = a.shape[-1]
+
+    def run() -> None:
+        xp.sum(a, axis=-1, keepdims=True, dtype=xp.float32, out=d)
+        d /= n
+    return run
+
+
+def bind_argmax(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    d, a = env.view(node), env.view(node.src[0])
+    rows, out = a.reshape(a.shape[-2:]), d.reshape(-1)
+    return lambda: xp.copyto(out, xp.argmax(rows, axis=-1), casting="unsafe")

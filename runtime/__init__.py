@@ -1,0 +1,31 @@
+"""polydev: one compute graph across CPU (numpy), CUDA (CuPy) and OpenCL devices.
+
+The names here are the public API; see README.md for a tour.
+"""
+
+from . import ops
+from .alloc import TensorAllocator, alloc_ctx_tensors, alloc_ctx_tensors_size, tensor_alloc, view_init
+from .buffer import (Buffer, BufferType, BufferUsage, DummyBuffer, MultiBuffer, tensor_copy,
+                     tensor_get, tensor_get_2d, tensor_memset, tensor_set, tensor_set_2d)
+from .context import Context
+from .device import (Backend, Device, DeviceCaps, DeviceProps, DeviceType, Event, GraphPlan, Reg,
+                     tensor_copy_async)
+from .errors import PolydevError
+from .graph import DEFAULT_GRAPH_SIZE, Graph, build_graph
+from .ops import GluOp, Op, RopeMode, UnaryOp
+from .registry import (device, devices, init_backend, init_best_backend, register, registry)
+from .tensor import Tensor, TensorFlag
+from .types import GGMLType, TYPE_TRAITS, dequantize, quantize, row_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ops", "TensorAllocator", "alloc_ctx_tensors", "alloc_ctx_tensors_size", "tensor_alloc",
+    "view_init", "Buffer", "BufferType", "BufferUsage", "DummyBuffer", "MultiBuffer",
+    "tensor_copy", "tensor_get", "tensor_get_2d", "tensor_memset", "tensor_set", "tensor_set_2d",
+    "Context", "Backend", "Device", "DeviceCaps", "DeviceProps", "DeviceType", "Event",
+    "GraphPlan", "Reg", "tensor_copy_async", "PolydevError", "DEFAULT_GRAPH_SIZE", "Graph",
+    "build_graph", "GluOp", "Op", "RopeMode", "UnaryOp", "device", "devices", "init_backend",
+    "init_best_backend", "register", "registry", "Tensor", "TensorFlag", "GGMLType",
+    "TYPE_TRAITS", "dequantize", "quantize", "row_size",
+]

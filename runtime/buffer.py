@@ -1,0 +1,364 @@
+"""Buffer types, buffers and the tensor data functions (ggml-backend's buffer layer).
+
+``BufferType`` is a memory kind, ``Buffer`` a range of it. A tensor lives at ``(buffer, offset)``.
+The public functions here own every check (allocated, in bounds, not closed) and then call the
+backend's hooks, which are the methods named with a leading underscore; a backend overrides
+those and nothing else. Optional hooks fall back the way ggml's do.
+
+Backend contract, BufferType:  _alloc(size) -> Buffer        required
+                               _alloc_size(tensor) -> int    optional (nbytes)
+Backend contract, Buffer:      _set(t, data, offset)         required
+                               _get(t, out, offset)          required
+                               _memset(t, value, offset, n)  optional (UnsupportedError)
+                               _cpy(src, dst) -> bool        optional (False: caller falls back)
+                               _clear(value)                 required
+                               _host_array() -> np.ndarray   required when buft.is_host
+                               _init_tensor(t), _reset()     optional (no-op)
+                               _free()                       optional (no-op)
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from .errors import (AllocationError, ClosedError, NotAllocatedError, OutOfBoundsError,
+                     ShapeError, UnsupportedError)
+from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from .device import Device
+
+
+class BufferUsage(enum.IntEnum):
+    """What a buffer holds; the scheduler places ops by where WEIGHTS live."""
+
+    ANY = 0
+    WEIGHTS = 1
+    COMPUTE = 2
+
+
+class BufferType:
+    """A kind of memory: where buffers come from, their alignment and maximum size."""
+
+    def __init__(self, name: str, device: "Device | None" = None, alignment: int = 32,
+                 max_size: int = sys.maxsize, is_host: bool = False) -> None:
+        self.name = name
+        self.device = device
+        self.alignment = alignment
+        self.max_size = max_size
+        self.is_host = is_host
+
+    def alloc_buffer(self, size: int) -> "Buffer":
+        """A new buffer of ``size`` bytes; size 0 gives a dummy buffer, as in ggml."""
+        if size < 0:
+            raise AllocationError(f"{self.name}: cannot allocate a buffer of {size} bytes")
+        if size == 0:
+            return DummyBuffer(self)
+        try:
+            return self._alloc(size)
+        except MemoryError as e:
+            if isinstance(e, AllocationError):
+                raise
+            raise AllocationError(f"{self.name}: failed to allocate {size / 2**20:.2f} MiB") from e
+
+    def alloc_size(self, tensor: Tensor) -> int:
+        """Bytes ``tensor`` needs in this memory (at least its nbytes)."""
+        size = self._alloc_size(tensor)
+        assert size >= tensor.nbytes, f"{self.name}: alloc size {size} < nbytes {tensor.nbytes}"
+        return size
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    def _alloc(self, size: int) -> "Buffer":
+        raise NotImplementedError
+
+    def _alloc_size(self, tensor: Tensor) -> int:
+        return tensor.nbytes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, alignment={self.alignment}, " \
+               f"host={self.is_host})"
+
+
+class Buffer:
+    """A range of memory of one buffer type; a context manager (``close()`` frees it)."""
+
+    def __init__(self, buft: BufferType, size: int) -> None:
+        self.buft = buft
+        self.size = size
+        self._usage = BufferUsage.ANY
+        self.closed = False
+        # Bumped by every write through this API; caches of derived data (e.g. dequantized
+        # weights) compare it to know they are stale.
+        self.generation = 0
+
+    @property
+    def name(self) -> str:
+        return self.buft.name
+
+    @property
+    def alignment(self) -> int:
+        return self.buft.alignment
+
+    @property
+    def max_size(self) -> int:
+        return self.buft.max_size
+
+    @property
+    def is_host(self) -> bool:
+        return self.buft.is_host
+
+    @property
+    def is_multi_buffer(self) -> bool:
+        return False
+
+    @property
+    def usage(self) -> BufferUsage:
+        return self._usage
+
+    @usage.setter
+    def usage(self, usage: BufferUsage) -> None:
+        self._usage = BufferUsage(usage)
+
+    def alloc_size(self, tensor: Tensor) -> int:
+        return self.buft.alloc_size(tensor)
+
+    @property
+    def host_array(self) -> np.ndarray:
+        """The buffer's bytes as a uint8 numpy array (host buffer types only; no copy)."""
+        self._check_open()
+        if not self.is_host:
+            raise UnsupportedError(f"buffer {self.name} is not in host memory")
+        return self._host_array()
+
+    def clear(self, value: int = 0) -> None:
+        """Set every byte of the buffer to ``value``."""
+        self._check_open()
+        if self.size:
+            self._clear(value & 0xFF)
+            self.mark_modified()
+
+    def reset(self) -> None:
+        """Drop per-tensor state created by init_tensor (the graph allocator calls this)."""
+        self._check_open()
+        self._reset()
+
+    def init_tensor(self, tensor: Tensor) -> None:
+        self._init_tensor(tensor)
+
+    def mark_modified(self) -> None:
+        """Tell caches that the bytes changed (needed after writing ``host_array`` directly)."""
+        self.generation += 1
+
+    def close(self) -> None:
+        """Free the memory now; using the buffer afterwards raises ClosedError."""
+        if not self.closed:
+            self.closed = True
+            self._free()
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError(f"buffer {self.name} ({self.size} bytes) was closed")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, size={self.size}, usage={self.usage.name})"
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    def _set(self, tensor: Tensor, data: np.ndarray, offset: int) -> None:
+        raise NotImplementedError
+
+    def _get(self, tensor: Tensor, out: np.ndarray, offset: int) -> None:
+        raise NotImplementedError
+
+    def _memset(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        raise UnsupportedError(f"buffer {self.name} cannot memset tensors")
+
+    def _cpy(self, src: Tensor, dst: Tensor) -> bool:
+        return False
+
+    def _clear(self, value: int) -> None:
+        raise NotImplementedError
+
+    def _host_array(self) -> np.ndarray:
+        raise UnsupportedError(f"buffer {self.name} has no host view")
+
+    def _init_tensor(self, tensor: Tensor) -> None:
+        pass
+
+    def _reset(self) -> None:
+        pass
+
+    def _free(self) -> None:
+        pass
+
+
+class DummyBuffer(Buffer):
+    """The size-0 buffer ggml returns for ``alloc_buffer(0)``: valid, holds nothing."""
+
+    def __init__(self, buft: BufferType) -> None:
+        super().__init__(buft, 0)
+
+    def _clear(self, value: int) -> None:
+        pass
+
+    def _host_array(self) -> np.ndarray:
+        return np.empty(0, dtype=np.uint8)
+
+
+class MultiBuffer(Buffer):
+    """Several buffers of one type acting as one (alloc_ctx_tensors past a max size).
+
+    Tensors live in the child buffers; the multi-buffer forwards usage, clear and close.
+    """
+
+    def __init__(self, buffers: Sequence[Buffer]) -> None:
+        if not buffers:
+            raise AllocationError("a multi-buffer needs at least one buffer")
+        super().__init__(buffers[0].buft, sum(b.size for b in buffers))
+        self.buffers = list(buffers)
+
+    @property
+    def is_multi_buffer(self) -> bool:
+        return True
+
+    @Buffer.usage.setter   # type: ignore[attr-defined]
+    def usage(self, usage: BufferUsage) -> None:
+        self._usage = BufferUsage(usage)
+        for b in self.buffers:
+            b.usage = usage
+
+    def _clear(self, value: int) -> None:
+        for b in self.buffers:
+            b.clear(value)
+
+    def _host_array(self) -> np.ndarray:
+        raise UnsupportedError("a multi-buffer has no single host view; use its buffers")
+
+    def _free(self) -> None:
+        for b in self.buffers:
+            b.close()
+
+
+# --- tensor data (ggml_backend_tensor_set / get / memset / copy) --------------------------------
+
+def _data_buffer(t: Tensor) -> Buffer:
+    buf = t.view_src.buffer if t.view_src is not None else t.buffer
+    if buf is None or t.buffer is None:
+        raise NotAllocatedError(f"tensor {t.name or '<unnamed>'} ne={list(t.ne)} is not allocated")
+    buf._check_open()
+    return buf
+
+
+def _check_range(t: Tensor, offset: int, size: int, what: str) -> None:
+    if offset < 0 or size < 0 or offset + size > t.nbytes:
+        raise OutOfBoundsError(f"{what} of bytes [{offset}, {offset + size}) is outside tensor "
+                               f"{t.name or '<unnamed>'} ({t.nbytes} bytes)")
+
+
+def _as_bytes(data) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        return data.reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def tensor_set(t: Tensor, data, offset: int = 0) -> None:
+    """Write raw bytes (any buffer-protocol object) into ``t`` at byte ``offset``; blocking."""
+    raw = _as_bytes(data)
+    buf = _data_buffer(t)
+    if raw.size == 0:
+        return
+    _check_range(t, offset, raw.size, "write")
+    buf._set(t, raw, offset)
+    buf.generation += 1
+
+
+def tensor_get(t: Tensor, offset: int = 0, size: int | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """Read ``size`` raw bytes (default: to the end of ``t``) into ``out`` or a new uint8 array."""
+    buf = _data_buffer(t)
+    if size is None:
+        size = (out.nbytes if out is not None else t.nbytes - offset)
+    _check_range(t, offset, size, "read")
+    if out is None:
+        out = np.empty(size, dtype=np.uint8)
+    elif out.nbytes != size:
+        raise ShapeError(f"output array has {out.nbytes} bytes, the read has {size}")
+    target = out.reshape(-1).view(np.uint8) if out.flags.c_contiguous else None
+    if target is None:
+        raise ShapeError("tensor_get needs a C-contiguous output array")
+    if size:
+        buf._get(t, target, offset)
+    return out
+
+
+def tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+    """Set ``size`` bytes of ``t`` (default: all) to ``value``."""
+    buf = _data_buffer(t)
+    if size is None:
+        size = t.nbytes - offset
+    _check_range(t, offset, size, "memset")
+    if size:
+        buf._memset(t, value & 0xFF, offset, size)
+        buf.generation += 1
+
+
+def tensor_set_2d(t: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
+                  stride_data: int) -> None:
+    """Write ``n_copies`` rows of ``size`` bytes, strided on both sides."""
+    raw = _as_bytes(data)
+    if n_copies <= 0 or size == 0:
+        return
+    _check_range(t, offset, (n_copies - 1) * stride_tensor + size, "2-d write")
+    for i in range(n_copies):   # ggml's fallback: one set per row
+        tensor_set(t, raw[i * stride_data:i * stride_data + size], offset + i * stride_tensor)
+
+
+def tensor_get_2d(t: Tensor, out: np.ndarray, offset: int, size: int, n_copies: int,
+                  stride_tensor: int, stride_data: int) -> None:
+    """Read ``n_copies`` rows of ``size`` bytes into ``out`` (uint8), strided on both sides."""
+    if n_copies <= 0 or size == 0:
+        return
+    _check_range(t, offset, (n_copies - 1) * stride_tensor + size, "2-d read")
+    flat = out.reshape(-1).view(np.uint8)
+    for i in range(n_copies):
+        tensor_get(t, offset + i * stride_tensor, size, flat[i * stride_data:i * stride_data + size])
+
+
+def host_bytes(t: Tensor) -> np.ndarray:
+    """The bytes of a host-resident tensor as a uint8 view (no copy)."""
+    buf = _data_buffer(t)
+    return buf.host_array[t.offset:t.offset + t.nbytes]
+
+
+def tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """Copy ``src``'s bytes to ``dst`` (same layout), trying ggml's paths in order:
+    host source, host destination, the destination buffer's own copy, then host staging."""
+    if not src.same_layout(dst):
+        raise ShapeError(f"tensor_copy needs the same layout: {src.name or 'src'} "
+                         f"{src.type} ne={list(src.ne)} nb={list(src.nb)} vs {dst.name or 'dst'} "
+                         f"{dst.type} ne={list(dst.ne)} nb={list(dst.nb)}")
+    if src is dst:
+        return
+    sbuf, dbuf = _data_buffer(src), _data_buffer(dst)
+    if sbuf.is_host:
+        tensor_set(dst, host_bytes(src))
+    elif dbuf.is_host:
+        tensor_get(src, out=host_bytes(dst))
+        dbuf.generation += 1
+    elif dbuf._cpy(src, dst):
+        dbuf.generation += 1
+    else:
+        tensor_set(dst, tensor_get(src))

@@ -1,0 +1,59 @@
+"""The exception types users can catch.
+
+Every user mistake raises one of these with a message that says what went wrong and where
+(the offending shapes, the device name, the byte range). Internal invariants use ``assert``.
+"""
+
+from __future__ import annotations
+
+
+class PolydevError(Exception):
+    """Base class of every error polydev raises on purpose."""
+
+
+class ShapeError(PolydevError, ValueError):
+    """Tensor shapes (ne) or strides (nb) do not fit the operation."""
+
+
+class TensorTypeError(PolydevError, TypeError):
+    """A tensor's element type is not accepted by the operation."""
+
+
+class InvalidArgumentError(PolydevError, ValueError):
+    """A parameter is out of its valid range."""
+
+
+class DeviceNotFoundError(PolydevError, LookupError):
+    """No registered device (or reg) matches the requested name or type."""
+
+
+class UnsupportedError(PolydevError, NotImplementedError):
+    """A backend, device or buffer does not implement an optional capability."""
+
+
+class UnsupportedOpError(UnsupportedError):
+    """A backend has no kernel for an op with these types."""
+
+
+class OutOfBoundsError(PolydevError, IndexError):
+    """A read or write would leave a tensor's or buffer's memory."""
+
+
+class AllocationError(PolydevError, MemoryError):
+    """A buffer could not be allocated, or a tensor does not fit its buffer."""
+
+
+class NotAllocatedError(PolydevError, RuntimeError):
+    """A tensor has no memory yet (it was never placed in a buffer)."""
+
+
+class ClosedError(PolydevError, RuntimeError):
+    """A buffer, backend or event was used after ``close()``."""
+
+
+class GraphError(PolydevError, RuntimeError):
+    """A graph is malformed or exceeds its capacity."""
+
+
+class BackendLoadError(PolydevError, ImportError):
+    """A backend registered through the entry-point group failed to load."""

@@ -1,0 +1,171 @@
+"""The process-wide registry of backends and their devices.
+
+Backends are found through the entry-point group ``polydev.backends``: each entry point names a
+function that returns a ``Reg`` (the CPU backend is registered this way too). Registration is
+deduplicated by reg name. Devices are listed accelerators first and CPU devices last, as ggml
+registers its backends. Names are looked up case-insensitively, and torch-style names work:
+"cpu", "cuda:1", "opencl:0".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib import metadata
+
+from .device import Backend, Device, DeviceType, Reg
+from .errors import DeviceNotFoundError
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "polydev.backends"
+
+
+def _is_cpu_reg(reg: Reg) -> bool:
+    return bool(reg.devices) and all(d.type == DeviceType.CPU for d in reg.devices)
+
+
+class Registry:
+    """Regs and devices, loaded from entry points on first use."""
+
+    def __init__(self) -> None:
+        self._regs: list[Reg] = []
+        self._extra_devices: list[Device] = []
+        self._load_errors: dict[str, str] = {}
+        self._loaded = False
+        self._lock = threading.RLock()
+
+    # --- registration -----------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Discover backends through the entry-point group (once)."""
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                self._load_entry_point(ep)
+
+    def _load_entry_point(self, ep: metadata.EntryPoint) -> None:
+        try:
+            result = ep.load()()
+        except Exception as e:   # a broken backend must not break the others
+            self._load_errors[ep.name] = f"{type(e).__name__}: {e}"
+            log.warning("backend %r (%s) failed to load: %s", ep.name, ep.value, e)
+            return
+        for reg in result if isinstance(result, (list, tuple)) else [result]:
+            if reg is not None:
+                self.register(reg)
+
+    def register(self, reg: Reg) -> Reg:
+        """Add a reg and its devices; a reg with an already registered name is ignored."""
+        with self._lock:
+            for known in self._regs:
+                if known is reg or known.name.lower() == reg.name.lower():
+                    return known
+            self._regs.append(reg)
+            return reg
+
+    def register_device(self, device: Device) -> None:
+        """Add one extra device (deduplicated)."""
+        with self._lock:
+            if device not in self._extra_devices and device not in self.devices:
+                self._extra_devices.append(device)
+
+    def unregister(self, reg: Reg) -> None:
+        with self._lock:
+            self._regs = [r for r in self._regs if r is not reg]
+
+    # --- queries ----------------------------------------------------------------------------
+
+    @property
+    def regs(self) -> list[Reg]:
+        """Every reg, accelerator backends first and CPU backends last."""
+        self.load()
+        return sorted(self._regs, key=_is_cpu_reg)   # stable: registration order otherwise
+
+    @property
+    def devices(self) -> list[Device]:
+        """Every device, non-CPU devices first (in reg order), CPU devices last."""
+        devs = [d for r in self.regs for d in r.devices] + self._extra_devices
+        return sorted(devs, key=lambda d: d.type == DeviceType.CPU)
+
+    @property
+    def load_errors(self) -> dict[str, str]:
+        """Entry points that failed to load, with the reason."""
+        self.load()
+        return dict(self._load_errors)
+
+    def reg_by_name(self, name: str) -> Reg:
+        for r in self.regs:
+            if r.name.lower() == name.lower():
+                return r
+        raise DeviceNotFoundError(f"no backend named {name!r}; registered backends: "
+                                  f"{', '.join(r.name for r in self.regs) or 'none'}")
+
+    def device(self, name: "str | Device") -> Device:
+        """A device by name: "CUDA0", "cuda:0", "cuda" (the first), "CPU", "cpu"; any case."""
+        if isinstance(name, Device):
+            return name
+        key = name.strip().lower()
+        devs = self.devices
+        for d in devs:
+            if d.name.lower() == key:
+                return d
+        reg_name, _, index = key.partition(":")
+        for r in self.regs:
+            if r.name.lower() == reg_name and r.devices:
+                if not index:
+                    return r.devices[0]
+                if index.isdigit() and int(index) < len(r.devices):
+                    return r.devices[int(index)]
+        known = ", ".join(d.name for d in devs) or "none"
+        raise DeviceNotFoundError(f"unknown device {name!r}; known devices: {known}")
+
+    def device_by_type(self, type_: DeviceType) -> Device | None:
+        """The first device of that type, or None."""
+        return next((d for d in self.devices if d.type == type_), None)
+
+    def init_backend(self, name: "str | Device", params: str | None = None) -> Backend:
+        """A new backend (stream) on the named device."""
+        return self.device(name).init_backend(params)
+
+    def best_device(self) -> Device:
+        """The first GPU, else the first integrated GPU, else the CPU (ggml_backend_init_best)."""
+        for t in (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU):
+            d = self.device_by_type(t)
+            if d is not None:
+                return d
+        raise DeviceNotFoundError("no devices are registered (is the CPU backend installed?)")
+
+    def init_best_backend(self) -> Backend:
+        return self.best_device().init_backend()
+
+
+_registry = Registry()
+
+
+def registry() -> Registry:
+    """The process-wide registry."""
+    return _registry
+
+
+def devices() -> list[Device]:
+    """Every registered device, accelerators first."""
+    return _registry.devices
+
+
+def device(name: "str | Device") -> Device:
+    return _registry.device(name)
+
+
+def init_backend(name: "str | Device", params: str | None = None) -> Backend:
+    return _registry.init_backend(name, params)
+
+
+def init_best_backend() -> Backend:
+    return _registry.init_best_backend()
+
+
+def register(reg: Reg) -> Reg:
+    return _registry.register(reg)

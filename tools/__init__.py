@@ -1,0 +1,1 @@
+"""The ``polydev`` command and its subcommands."""
