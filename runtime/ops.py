@@ -283,6 +283,7 @@ def sqrt(ctx, a: Tensor, inplace: bool = False) -> Tensor:
 
 def unary(ctx, a: Tensor, fn: UnaryOp, inplace: bool = False) -> Tensor:
     """An element-wise function of UnaryOp (ggml_unary)."""
+    fn = UnaryOp(fn)
     _check(a.is_contiguous(1), fn.name.lower(), f"{_ne(a)} nb={list(a.nb)} must have packed rows "
            f"beyond dimension 1")
     return _unary_like(ctx, Op.UNARY, a, (int(fn),), inplace)
@@ -308,6 +309,7 @@ exp = _unary_fn(UnaryOp.EXP)
 
 def glu(ctx, a: Tensor, fn: GluOp, swapped: bool = False) -> Tensor:
     """Fused GLU: ``a``'s rows hold [x, gate] (or [gate, x] if swapped); result = act(x) * gate."""
+    fn = GluOp(fn)
     _check(a.is_contiguous(1), fn.name.lower(), f"{_ne(a)} must have packed rows beyond dim 1")
     _check(a.ne[0] % 2 == 0, fn.name.lower(), f"{_ne(a)}: ne[0] must be even to split in halves")
     ne = (a.ne[0] // 2,) + a.ne[1:]
@@ -316,6 +318,7 @@ def glu(ctx, a: Tensor, fn: GluOp, swapped: bool = False) -> Tensor:
 
 def glu_split(ctx, a: Tensor, b: Tensor, fn: GluOp) -> Tensor:
     """Split GLU: act(a) * b for same-shape ``a`` and ``b``."""
+    fn = GluOp(fn)
     name = fn.name.lower()
     _check(a.is_contiguous(1) and b.is_contiguous(1), name, f"{_ne(a)} and {_ne(b)} must have "
            f"packed rows beyond dim 1")

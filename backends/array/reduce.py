@@ -29,7 +29,7 @@ def bind_mean(env, node: Tensor) -> Callable[[], None]:
 
     def run() -> None:
         xp.sum(a, axis=-1, keepdims=True, dtype=xp.float32, out=d)
-        d /= n
+        xp.divide(d, n, out=d)
     return run
 
 

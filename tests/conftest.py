@@ -1,0 +1,65 @@
+"""Shared fixtures: every available device, and a helper that computes a one-op graph."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import pytest
+
+import polydev
+from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph
+from polydev.types import type_from_numpy
+
+
+def nmse(out: np.ndarray, ref: np.ndarray) -> float:
+    """test-backend-ops' normalized mean squared error."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    denom = float(np.sum(ref * ref))
+    err = float(np.sum((out - ref) ** 2))
+    return err / denom if denom else err
+
+
+def assert_close(out: np.ndarray, ref: np.ndarray, max_nmse: float = 1e-7) -> None:
+    assert out.shape == ref.shape, f"shape {out.shape} != reference {ref.shape}"
+    assert not np.isnan(out).any(), "NaN in output"
+    err = nmse(out, ref)
+    assert err <= max_nmse, f"NMSE {err:.3e} > {max_nmse:.0e}"
+
+
+@pytest.fixture(params=[d.name for d in polydev.devices()])
+def backend(request):
+    """A backend on every registered device (each backend runs the same tests)."""
+    with polydev.init_backend(request.param) as b:
+        yield b
+
+
+@pytest.fixture
+def cpu():
+    with polydev.init_backend("CPU") as b:
+        yield b
+
+
+def compute(backend, build: Callable, *arrays: np.ndarray,
+            types: Sequence[GGMLType | None] | None = None) -> np.ndarray:
+    """Build ``build(ctx, *input_tensors)`` over inputs holding ``arrays`` (numpy shape =
+    reversed ne), compute it on ``backend`` and return the result's values."""
+    ctx = Context()
+    types = types or [None] * len(arrays)
+    inputs = [ctx.new_tensor(ty or type_from_numpy(a.dtype), a.shape[::-1], name=f"in{i}")
+              for i, (a, ty) in enumerate(zip(arrays, types))]
+    out = build(ctx, *inputs)
+    graph = build_graph(out)
+    buf = alloc_ctx_tensors(ctx, backend)
+    try:
+        for t, a in zip(inputs, arrays):
+            t.set_data(a)
+        backend.graph_compute(graph)
+        return out.numpy()
+    finally:
+        buf.close()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
