@@ -147,7 +147,7 @@ def bind_unary(env, node: Tensor) -> Callable[[], None]:
     return run
 
 
-_GLU_ACTIVATION = {
+GLU_ACTIVATIONS = {
     GluOp.REGLU: UnaryOp.RELU,
     GluOp.GEGLU: UnaryOp.GELU,
     GluOp.SWIGLU: UnaryOp.SILU,
@@ -157,7 +157,7 @@ _GLU_ACTIVATION = {
 
 def bind_glu(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    act = UNARY_FUNCTIONS[_GLU_ACTIVATION[GluOp(node.op_params[0])]]
+    act = UNARY_FUNCTIONS[GLU_ACTIVATIONS[GluOp(node.op_params[0])]]
     swapped = bool(node.op_params[1])
     d, a = env.view(node), env.view(node.src[0])
     if len(node.src) > 1 and node.src[1] is not None:

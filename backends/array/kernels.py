@@ -15,6 +15,7 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
 from . import elementwise, matmul, movement, norm, reduce, rope, softmax
+from .env import needs_codec
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
 FLOATS = (F32, F16)
@@ -97,7 +98,11 @@ def _soft_max_ok(node: Tensor) -> bool:
 
 
 def _glu_ok(node: Tensor) -> bool:
-    return _float_same(node) and GluOp(node.op_params[0]) in elementwise._GLU_ACTIVATION
+    return _float_same(node) and GluOp(node.op_params[0]) in elementwise.GLU_ACTIVATIONS
+
+
+def needs_codec_any(node: Tensor) -> bool:
+    return any(t is not None and needs_codec(t.type) for t in [node] + list(node.src))
 
 
 KERNELS: dict[Hashable, Kernel] = {
@@ -128,17 +133,12 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.ROPE: Kernel(rope.bind_rope, _rope_ok),
     **{(Op.UNARY, fn): Kernel(elementwise.bind_unary, _float_same)
        for fn in elementwise.UNARY_FUNCTIONS},
-    **{(Op.GLU, fn): Kernel(elementwise.bind_glu, _glu_ok) for fn in elementwise._GLU_ACTIVATION},
+    **{(Op.GLU, fn): Kernel(elementwise.bind_glu, _glu_ok) for fn in elementwise.GLU_ACTIVATIONS},
 }
 
 # view ops compute nothing: their memory is their source's
 for _op in (Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE):
     KERNELS[_op] = KERNELS[Op.NONE]
-
-
-def needs_codec_any(node: Tensor) -> bool:
-    from .env import needs_codec
-    return any(t is not None and needs_codec(t.type) for t in [node] + list(node.src))
 
 
 def find_kernel(node: Tensor) -> Kernel | None:
