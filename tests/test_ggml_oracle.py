@@ -174,3 +174,13 @@ def test_diag_mask_inf(cpu, ggml_backend, rng):
     ours = compute(cpu, lambda c, x: ops.diag_mask_inf(c, x, 1), a)
     np.testing.assert_array_equal(ours, ref)
     assert math.isinf(ref[0, 0, 0, 7])
+
+
+def test_pad(cpu, ggml_backend, rng):
+    a = u(rng, (2, 3, 4, 5))
+    check(cpu, ggml_backend, lambda c, x: ops.pad_ext(c, x, 1, 2, 0, 3, 2, 0, 0, 1),
+          lambda c, x: ggml.ggml_pad_ext(c, x, 1, 2, 0, 3, 2, 0, 0, 1), [a], [F32], 0.0)
+    if hasattr(ggml, "ggml_pad_ext_circular"):
+        check(cpu, ggml_backend, lambda c, x: ops.pad_ext(c, x, 1, 2, 0, 3, circular=True),
+              lambda c, x: ggml.ggml_pad_ext_circular(c, x, 1, 2, 0, 3, 0, 0, 0, 0), [a], [F32],
+              0.0)

@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from polydev import GGMLType, GluOp, RopeMode, UnaryOp, ops
+from polydev import Context, GGMLType, GluOp, RopeMode, UnaryOp, ops
+from polydev.errors import InvalidArgumentError
 from polydev.types import dequantize, quantize
 
 from conftest import assert_close, compute
@@ -176,6 +177,30 @@ def test_concat_transposed_input(backend, rng):
     out = compute(backend, lambda ctx, x, y: ops.concat(ctx, x, ctx.transpose(y), 1), a, b)
     assert_close(out, np.concatenate([a, b.swapaxes(-1, -2)], axis=2).astype(np.float64))
 
+
+
+@pytest.mark.parametrize("pads", [(0, 3, 0, 0, 0, 0, 0, 0), (1, 2, 3, 0, 0, 1, 2, 1),
+                                  (2, 2, 1, 1, 0, 0, 0, 0)])
+@pytest.mark.parametrize("circular", [False, True])
+def test_pad(backend, rng, pads, circular):
+    a = f32(rng, (2, 3, 4, 5))
+    out = compute(backend, lambda ctx, x: ops.pad_ext(ctx, x, *pads, circular=circular), a)
+    width = [(pads[2 * (3 - k)], pads[2 * (3 - k) + 1]) for k in range(4)]
+    expected = np.pad(a.astype(np.float64), width, mode="wrap" if circular else "constant")
+    assert_close(out, expected)
+
+
+def test_pad_of_transposed_input(backend, rng):
+    a = f32(rng, (1, 1, 4, 6))
+    out = compute(backend, lambda ctx, x: ops.pad(ctx, ctx.transpose(x), 3, 1), a)
+    expected = np.pad(a.swapaxes(-1, -2).astype(np.float64), [(0, 0), (0, 0), (0, 1), (0, 3)])
+    assert_close(out, expected)
+
+
+def test_pad_rejects_negative_padding():
+    ctx = Context()
+    with pytest.raises(InvalidArgumentError, match="negative padding"):
+        ops.pad(ctx, ctx.new_tensor_1d(GGMLType.F32, 4), -1)
 
 def test_cont_of_permute(backend, rng):
     a = f32(rng, (2, 3, 4, 5))

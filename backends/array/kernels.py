@@ -123,6 +123,7 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.ARGMAX: Kernel(reduce.bind_argmax, lambda n: n.src[0].type in FLOATS),
     Op.REPEAT: Kernel(movement.bind_repeat, lambda n: not needs_codec_any(n)),
     Op.CONCAT: Kernel(movement.bind_concat, lambda n: not needs_codec_any(n)),
+    Op.PAD: Kernel(movement.bind_pad, _float_same),
     Op.NORM: Kernel(norm.bind_norm, _f32_only),
     Op.RMS_NORM: Kernel(norm.bind_rms_norm, _f32_only),
     Op.MUL_MAT: Kernel(matmul.bind_mul_mat, _mul_mat_ok),

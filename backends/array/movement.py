@@ -1,4 +1,4 @@
-"""Data movement: DUP/CONT/CPY with type conversion, REPEAT, CONCAT, GET_ROWS, SET_ROWS."""
+"""Data movement: DUP/CONT/CPY with type conversion, REPEAT, CONCAT, PAD, GET_ROWS, SET_ROWS."""
 
 from __future__ import annotations
 
@@ -52,6 +52,36 @@ def bind_concat(env, node: Tensor) -> Callable[[], None]:
         xp.copyto(d_b, b, casting="unsafe")
     return run
 
+
+
+def bind_pad(env, node: Tensor) -> Callable[[], None]:
+    """PAD: the source in the middle, zeros (or, circular, wrapped values) around it."""
+    xp = env.xp
+    a, d = env.view(node.src[0]), env.view(node)
+    params = node.op_params
+    # numpy axis k is ggml dimension 3 - k
+    left = [params[2 * (3 - k)] for k in range(4)]
+    if params[8]:
+        index = [(xp.arange(d.shape[k]) - left[k]) % a.shape[k] for k in range(4)]
+
+        def run_circular() -> None:
+            xp.copyto(d, a[xp.ix_(*index)], casting="unsafe")
+        return run_circular
+    centre = tuple(slice(left[k], left[k] + a.shape[k]) for k in range(4))
+    borders = []          # the padding as disjoint slabs: axis k's slabs span the centre of axes < k
+    for k in range(4):
+        head = centre[:k]
+        if left[k] > 0:
+            borders.append(d[head + (slice(0, left[k]),)])
+        if centre[k].stop < d.shape[k]:
+            borders.append(d[head + (slice(centre[k].stop, None),)])
+    inner = d[centre]
+
+    def run() -> None:
+        for slab in borders:
+            slab.fill(0)
+        xp.copyto(inner, a, casting="unsafe")
+    return run
 
 def _check_indices(xp, idx, limit: int, op: str) -> None:
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= limit):
