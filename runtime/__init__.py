@@ -4,7 +4,8 @@ The names here are the public API; see README.md for a tour.
 """
 
 from . import ops
-from .alloc import TensorAllocator, alloc_ctx_tensors, alloc_ctx_tensors_size, tensor_alloc, view_init
+from .alloc import (GraphAllocator, TensorAllocator, alloc_ctx_tensors, alloc_ctx_tensors_size,
+                    tensor_alloc, view_init)
 from .buffer import (Buffer, BufferType, BufferUsage, DummyBuffer, MultiBuffer, tensor_copy,
                      tensor_get, tensor_get_2d, tensor_memset, tensor_set, tensor_set_2d)
 from .context import Context
@@ -20,7 +21,7 @@ from .types import GGMLType, TYPE_TRAITS, dequantize, quantize, row_size
 __version__ = "0.1.0"
 
 __all__ = [
-    "ops", "TensorAllocator", "alloc_ctx_tensors", "alloc_ctx_tensors_size", "tensor_alloc",
+    "ops", "GraphAllocator", "TensorAllocator", "alloc_ctx_tensors", "alloc_ctx_tensors_size", "tensor_alloc",
     "view_init", "Buffer", "BufferType", "BufferUsage", "DummyBuffer", "MultiBuffer",
     "tensor_copy", "tensor_get", "tensor_get_2d", "tensor_memset", "tensor_set", "tensor_set_2d",
     "Context", "Backend", "Device", "DeviceCaps", "DeviceProps", "DeviceType", "Event",

@@ -1,13 +1,23 @@
-"""Placing tensors in buffers: ggml's tensor_alloc, view_init, the bump allocator and
-alloc_ctx_tensors. (The graph allocator that reuses compute memory lives here too, later.)"""
+"""Placing tensors in buffers: ggml's tensor_alloc and view_init, the bump allocator,
+alloc_ctx_tensors, and the graph allocator that lets a graph's intermediate tensors share
+compute memory (ggml_gallocr)."""
 
 from __future__ import annotations
 
-from .buffer import Buffer, BufferType, MultiBuffer
+import logging
+import weakref
+from typing import NamedTuple, Sequence
+
+from .buffer import Buffer, BufferType, BufferUsage, MultiBuffer
+from .chunk_alloc import ChunkAllocator, align_up
 from .context import Context
 from .device import Backend
-from .errors import AllocationError, NotAllocatedError
-from .tensor import Tensor
+from .errors import AllocationError, InvalidArgumentError, NotAllocatedError
+from .graph import Graph
+from .ops import INPLACE_OPS, Op
+from .tensor import Tensor, TensorFlag
+
+log = logging.getLogger(__name__)
 
 
 def pad(size: int, alignment: int) -> int:
@@ -123,3 +133,438 @@ def _init_views(tensors: list[Tensor]) -> None:
     for t in tensors:
         if t.buffer is None and t.view_src is not None and t.view_src.buffer is not None:
             view_init(t)
+
+
+# --- the graph allocator (ggml_gallocr) ---------------------------------------------------------
+
+class _Slot(NamedTuple):
+    """Where the reservation put one tensor: ggml's tensor_alloc record."""
+
+    buffer_id: int
+    chunk: int
+    offset: int
+    size_max: int        # the tensor's alloc size when reserved; a larger one needs a new plan
+
+
+class _Liveness:
+    """A tensor's state while a graph's execution is simulated (ggml's hash_node)."""
+
+    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated",
+                 "has_output_view")
+
+    def __init__(self) -> None:
+        self.n_children = 0
+        self.n_views = 0
+        self.buffer_id = -1
+        self.chunk = -1
+        self.offset = -1
+        self.allocated = False   # placed by this simulation and not yet freed
+        self.has_output_view = False
+
+
+class _Plan(NamedTuple):
+    """A reservation: a slot (or None: a view or pre-allocated) per node, source and leaf, and
+    the size of every chunk per allocator."""
+
+    nodes: list[tuple[_Slot | None, tuple[_Slot | None, ...]]]
+    leafs: list[_Slot | None]
+    chunk_sizes: list[list[int]]
+
+
+class GraphAllocator:
+    """Places a graph's tensors in compute buffers that its intermediate results share.
+
+    ggml's ``ggml_gallocr``. Reserving simulates the graph's execution in node order: a tensor
+    gets memory when it is first needed and gives it back once its last consumer and its last
+    view have run, and ops that ggml lets run in place take over their source's memory when the
+    source has no other use. Graph inputs (``TensorFlag.INPUT``) are placed first, so no two
+    overlap; graph outputs (``TensorFlag.OUTPUT``) are never freed or reused; views take no
+    memory and keep their source alive; tensors that already have a buffer of their own
+    (weights, caches) are left where they are.
+
+    ``buffer_types`` are indexed by buffer id. Identical buffer types (the same object) share
+    one allocator and one set of buffers, as in ggml. Each allocator owns up to 16 chunk
+    buffers of usage COMPUTE, each at most the type's ``max_size`` unless a single tensor is
+    larger. Buffers only grow. Tensors this allocator placed are re-placed by the next
+    ``alloc_graph``, so the same graph can be allocated, computed and allocated again.
+
+    Three deliberate differences from ggml: a node runs in place only over memory of its own
+    buffer type; the source of an OUTPUT view is kept alive like an output itself; and a node
+    may run in place of a view that starts its source's memory, a rule ggml states but never
+    applies.
+    """
+
+    def __init__(self, buffer_types: BufferType | Sequence[BufferType]) -> None:
+        bufts = [buffer_types] if isinstance(buffer_types, BufferType) else list(buffer_types)
+        if not bufts:
+            raise InvalidArgumentError("a graph allocator needs at least one buffer type")
+        self.buffer_types = bufts
+        self._allocator_of: list[int] = []        # buffer id -> allocator index
+        self._allocators: list[ChunkAllocator] = []
+        distinct: list[BufferType] = []
+        for buft in bufts:
+            for j, known in enumerate(distinct):
+                if known is buft:
+                    self._allocator_of.append(j)
+                    break
+            else:
+                distinct.append(buft)
+                self._allocator_of.append(len(self._allocators))
+                self._allocators.append(ChunkAllocator(buft.alignment, buft.max_size))
+        self._distinct_bufts = distinct
+        # per allocator: its chunk buffers, or None before the first reservation
+        self._chunks: list[list[Buffer] | None] = [None] * len(self._allocators)
+        self._own_buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self._plan: _Plan | None = None
+        self._states: dict[Tensor, _Liveness] = {}
+        self.closed = False
+
+    # --- public API --------------------------------------------------------------------------
+
+    def reserve(self, graph: Graph, node_buffer_ids: Sequence[int] | None = None,
+                leaf_buffer_ids: Sequence[int] | None = None) -> None:
+        """Plan ``graph``'s memory and make the buffers large enough for it, computing nothing.
+
+        ``node_buffer_ids[i]`` / ``leaf_buffer_ids[i]`` name the buffer type of node/leaf i
+        (default: buffer 0). Reserving the largest graph a program will run (e.g. the longest
+        batch) sizes the buffers once; later graphs that fit are allocated without growing.
+        Raises AllocationError if a buffer cannot be allocated; the allocator then holds no
+        reservation (and no buffers for the failed type).
+        """
+        self._check_open()
+        plan = self._simulate(graph, node_buffer_ids, leaf_buffer_ids)
+        self._plan = None
+        for a, sizes in enumerate(plan.chunk_sizes):
+            self._grow(a, sizes)
+        self._plan = plan
+
+    def reserve_sizes(self, graph: Graph, node_buffer_ids: Sequence[int] | None = None,
+                      leaf_buffer_ids: Sequence[int] | None = None) -> list[int]:
+        """Bytes per buffer id that ``reserve`` would need for ``graph``; allocates nothing and
+        leaves the current reservation as it is. A buffer id sharing an earlier id's buffer
+        type reports 0."""
+        self._check_open()
+        plan = self._simulate(graph, node_buffer_ids, leaf_buffer_ids)
+        return self._per_buffer_id([sum(sizes) for sizes in plan.chunk_sizes])
+
+    def alloc_graph(self, graph: Graph) -> bool:
+        """Give every tensor of ``graph`` that has no memory of its own its reserved place.
+
+        Reserves first when there is no reservation or ``graph`` no longer fits it (a different
+        node or leaf count, a tensor larger than reserved, a tensor that was pre-allocated
+        before and is not now). That happens automatically with one buffer type; with several,
+        the buffer ids are unknown, so it returns False and the caller must call ``reserve``
+        with explicit ids. Returns True once the graph is allocated.
+        """
+        self._check_open()
+        if self._plan is None or not self._fits(graph, self._plan):
+            if len(self.buffer_types) > 1:
+                log.debug("graph allocator: the graph does not fit the reservation; call "
+                          "reserve with buffer ids")
+                return False
+            log.debug("graph allocator: reserving again for %s", graph)
+            self.reserve(graph)
+        self._place(graph, self._plan)
+        return True
+
+    def buffer_size(self, buffer_id: int) -> int:
+        """Bytes allocated for ``buffer_id``: the sum of its chunks; 0 when it shares an
+        earlier buffer id's buffer type (ggml_gallocr_get_buffer_size)."""
+        if not 0 <= buffer_id < len(self.buffer_types):
+            raise InvalidArgumentError(f"buffer id {buffer_id} is not in 0..."
+                                       f"{len(self.buffer_types) - 1}")
+        a = self._allocator_of[buffer_id]
+        if a in self._allocator_of[:buffer_id]:
+            return 0
+        return sum(b.size for b in self._chunks[a] or ())
+
+    def chunk_buffers(self, buffer_id: int) -> list[Buffer]:
+        """The backend buffers that hold ``buffer_id``'s tensors (shared between ids of one
+        buffer type)."""
+        return list(self._chunks[self._allocator_of[buffer_id]] or ())
+
+    def owns(self, t: Tensor) -> bool:
+        """Whether ``t`` lives in memory this allocator placed it in (so it may move)."""
+        return t.buffer is not None and t.buffer in self._own_buffers
+
+    def close(self) -> None:
+        """Free every buffer now; tensors placed in them can no longer be used."""
+        if self.closed:
+            return
+        self.closed = True
+        for chunks in self._chunks:
+            for b in chunks or ():
+                b.close()
+        self._chunks = [None] * len(self._allocators)
+        self._plan = None
+
+    def __enter__(self) -> "GraphAllocator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{b.name}: {self.buffer_size(i)}"
+                          for i, b in enumerate(self.buffer_types))
+        return f"GraphAllocator({sizes})"
+
+    # --- reservation: simulating the graph's execution ------------------------------------
+
+    def _simulate(self, graph: Graph, node_ids: Sequence[int] | None,
+                  leaf_ids: Sequence[int] | None) -> _Plan:
+        node_ids = self._check_ids(node_ids, graph.n_nodes, "node")
+        leaf_ids = self._check_ids(leaf_ids, graph.n_leafs, "leaf")
+        for a in self._allocators:
+            a.reset()
+        self._states = {}
+        try:
+            for leaf, bid in zip(graph.leafs, leaf_ids):
+                self._allocate(leaf, bid)
+            self._count_uses(graph, node_ids)
+            for node, bid in zip(graph.nodes, node_ids):
+                for parent in node.src:
+                    if parent is not None:
+                        self._allocate(parent, bid)
+                self._allocate(node, bid)
+                self._release_parents(node)
+            return self._record(graph)
+        finally:
+            self._states = {}
+
+    def _check_ids(self, ids: Sequence[int] | None, n: int, what: str) -> Sequence[int]:
+        if ids is None:
+            return [0] * n
+        if len(ids) != n:
+            raise InvalidArgumentError(f"graph allocator: {len(ids)} {what} buffer ids for a "
+                                       f"graph of {n} {what}s")
+        bad = [i for i in ids if not 0 <= i < len(self.buffer_types)]
+        if bad:
+            raise InvalidArgumentError(f"graph allocator: {what} buffer id {bad[0]} is not in "
+                                       f"0...{len(self.buffer_types) - 1}")
+        return ids
+
+    def _state(self, t: Tensor) -> _Liveness:
+        s = self._states.get(t)
+        if s is None:
+            s = self._states[t] = _Liveness()
+        return s
+
+    def _preallocated(self, t: Tensor) -> bool:
+        return t.buffer is not None and t.buffer not in self._own_buffers
+
+    def _count_uses(self, graph: Graph, node_ids: Sequence[int]) -> None:
+        """Count each tensor's consumers and views; place graph inputs before anything else."""
+        for node, bid in zip(graph.nodes, node_ids):
+            # op NONE views are the scheduler's dependency markers, not real uses
+            if node.view_src is not None and node.op != Op.NONE:
+                self._state(node.view_src).n_views += 1
+            if node.flags & TensorFlag.INPUT:
+                self._allocate(node, bid)
+            self._pin_output_view(node)
+            for src in node.src:
+                if src is not None:
+                    self._pin_output_view(src)
+                    self._state(src).n_children += 1
+                    if src.flags & TensorFlag.INPUT:
+                        self._allocate(src, bid)
+
+    def _pin_output_view(self, t: Tensor) -> None:
+        # ggml protects only tensors flagged OUTPUT, so an output view's memory could be
+        # handed out again once the view's consumers ran; we keep its source alive instead
+        if t.view_src is not None and t.flags & TensorFlag.OUTPUT:
+            self._state(t.view_src).has_output_view = True
+
+    def _is_output(self, t: Tensor) -> bool:
+        return bool(t.flags & TensorFlag.OUTPUT) or self._state(t).has_output_view
+
+    def _allocate(self, t: Tensor, buffer_id: int) -> None:
+        s = self._state(t)
+        if s.allocated or t.view_src is not None or self._preallocated(t):
+            return
+        s.allocated = True
+        a = self._allocator_of[buffer_id]
+        if t.op in INPLACE_OPS and self._reuse_parent(t, s, a):
+            return
+        s.buffer_id = buffer_id
+        s.chunk, s.offset = self._allocators[a].alloc(self.buffer_types[buffer_id].alloc_size(t))
+
+    def _reuse_parent(self, node: Tensor, s: _Liveness, allocator: int) -> bool:
+        """Take over the memory of a source whose last use is ``node`` (in-place).
+
+        Only memory of the node's own buffer type qualifies: ggml would also hand a node the
+        memory of another buffer type (the scheduler never lets that happen, but a direct
+        caller with several buffer ids would get a node placed on the wrong device).
+        """
+        for parent in node.src:
+            if parent is None:
+                continue
+            p = self._state(parent)
+            if not p.allocated and parent.view_src is None:
+                continue                       # pre-allocated: not ours to reuse
+            if self._is_output(parent) or (
+                    parent.view_src is not None and self._is_output(parent.view_src)):
+                continue
+            if not node.same_layout(parent) or p.n_children != 1 or p.n_views != 0:
+                continue
+            if parent.view_src is None:
+                owner = parent
+            else:
+                # a view can pass on its source's memory only when it is that source's only
+                # view, starts at its first byte, and the source has no other consumer.
+                # (ggml states this rule but its ownership check, made on the view itself,
+                # never lets it apply; we apply it.)
+                owner = parent.view_src
+                o = self._state(owner)
+                if not (o.allocated and o.n_views == 1 and o.n_children == 0
+                        and parent.view_offs == 0):
+                    continue
+            o = self._state(owner)
+            if self._allocator_of[o.buffer_id] != allocator:
+                continue
+            s.buffer_id, s.chunk, s.offset = o.buffer_id, o.chunk, o.offset
+            o.allocated = False
+            p.allocated = False                # the node frees this memory, not the parent
+            self._free_extra_space(node, s, owner)
+            return True
+        return False
+
+    def _free_extra_space(self, node: Tensor, s: _Liveness, owner: Tensor) -> None:
+        """Give back the end of ``owner``'s memory that the smaller ``node`` does not use."""
+        alloc = self._allocators[self._allocator_of[s.buffer_id]]
+        buft = self.buffer_types[s.buffer_id]
+        owner_size = align_up(buft.alloc_size(owner), alloc.alignment)
+        node_size = align_up(buft.alloc_size(node), alloc.alignment)
+        if owner_size > node_size:
+            alloc.free(s.chunk, s.offset + node_size, owner_size - node_size)
+
+    def _free(self, t: Tensor) -> None:
+        if self._is_output(t):
+            return
+        s = self._states[t]
+        alloc = self._allocators[self._allocator_of[s.buffer_id]]
+        alloc.free(s.chunk, s.offset, self.buffer_types[s.buffer_id].alloc_size(t))
+        s.allocated = False
+
+    def _release_parents(self, node: Tensor) -> None:
+        """``node`` has run: free each source whose last consumer and last view it was."""
+        for parent in node.src:
+            if parent is None:
+                continue
+            p = self._states[parent]
+            p.n_children -= 1
+            if p.n_children or p.n_views:
+                continue
+            if parent.view_src is not None:
+                o = self._state(parent.view_src)
+                o.n_views -= 1
+                if o.n_views == 0 and o.n_children == 0 and o.allocated:
+                    self._free(parent.view_src)
+            elif p.allocated:
+                self._free(parent)
+
+    def _record(self, graph: Graph) -> _Plan:
+        def slot(t: Tensor | None) -> _Slot | None:
+            if t is None or t.view_src is not None or self._preallocated(t):
+                return None
+            s = self._states[t]
+            return _Slot(s.buffer_id, s.chunk, s.offset,
+                         self.buffer_types[s.buffer_id].alloc_size(t))
+
+        nodes = [(slot(n), tuple(slot(src) for src in n.src)) for n in graph.nodes]
+        leafs = [slot(t) for t in graph.leafs]
+        return _Plan(nodes, leafs, [a.chunk_sizes for a in self._allocators])
+
+    # --- buffers -----------------------------------------------------------------------------
+
+    def _grow(self, a: int, sizes: list[int]) -> None:
+        """Give allocator ``a`` chunk buffers of at least ``sizes`` (reallocating if any
+        chunk must grow; a type with no tensors still gets an empty list, as views need it)."""
+        old = self._chunks[a]
+        if old is not None and len(sizes) <= len(old) and \
+                all(n <= b.size for n, b in zip(sizes, old)):
+            return
+        buft = self._distinct_bufts[a]
+        if old:
+            log.debug("graph allocator: reallocating %s from %.2f MiB to %.2f MiB", buft.name,
+                      sum(b.size for b in old) / 2**20, sum(sizes) / 2**20)
+            for b in old:
+                b.close()
+        self._chunks[a] = None
+        chunks: list[Buffer] = []
+        try:
+            for size in sizes:
+                buf = buft.alloc_buffer(size)
+                buf.usage = BufferUsage.COMPUTE
+                chunks.append(buf)
+        except AllocationError as e:
+            for b in chunks:
+                b.close()
+            raise AllocationError(f"graph allocator: cannot allocate {buft.name} compute "
+                                  f"buffers of {sum(sizes) / 2**20:.2f} MiB "
+                                  f"({len(sizes)} chunks): {e}") from e
+        self._own_buffers.update(chunks)
+        self._chunks[a] = chunks
+
+    def _per_buffer_id(self, sizes: list[int]) -> list[int]:
+        seen: set[int] = set()
+        out = []
+        for a in self._allocator_of:
+            out.append(0 if a in seen else sizes[a])
+            seen.add(a)
+        return out
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise AllocationError("graph allocator was closed")
+
+    # --- allocation from a reservation -------------------------------------------------------
+
+    def _fits(self, graph: Graph, plan: _Plan) -> bool:
+        """ggml_gallocr_needs_realloc, inverted: can ``graph`` reuse ``plan``?"""
+        if len(plan.nodes) != graph.n_nodes or len(plan.leafs) != graph.n_leafs:
+            return False
+        for node, (dst, srcs) in zip(graph.nodes, plan.nodes):
+            if not self._slot_fits(node, dst):
+                return False
+            if len(node.src) != len(srcs):
+                return False
+            for src, slot in zip(node.src, srcs):
+                if src is not None and not self._slot_fits(src, slot):
+                    return False
+        return True
+
+    def _slot_fits(self, t: Tensor, slot: _Slot | None) -> bool:
+        if t.view_src is not None or self._preallocated(t):
+            return True
+        return slot is not None and self.buffer_types[slot.buffer_id].alloc_size(t) <= \
+            slot.size_max
+
+    def _place(self, graph: Graph, plan: _Plan) -> None:
+        for chunks in self._chunks:
+            for b in chunks or ():
+                b.reset()
+        for leaf, slot in zip(graph.leafs, plan.leafs):
+            self._init_tensor(leaf, slot)
+        for node, (dst, srcs) in zip(graph.nodes, plan.nodes):
+            for src, slot in zip(node.src, srcs):
+                if src is not None:
+                    self._init_tensor(src, slot)
+            self._init_tensor(node, dst)
+
+    def _init_tensor(self, t: Tensor, slot: _Slot | None) -> None:
+        if t.buffer is not None and t.buffer not in self._own_buffers:
+            return                                   # pre-allocated: leave it
+        if t.view_src is not None:
+            buf = t.view_src.buffer
+            if buf is None:                          # its source has no memory (yet)
+                t.buffer, t.offset = None, 0
+            else:
+                t.buffer, t.offset = buf, t.view_src.offset + t.view_offs
+                buf.init_tensor(t)
+            return
+        if slot is not None:
+            buf = self._chunks[self._allocator_of[slot.buffer_id]][slot.chunk]
+            t.buffer, t.offset = buf, slot.offset
+            buf.init_tensor(t)
+
