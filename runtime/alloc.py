@@ -162,6 +162,9 @@ class _Liveness:
         self.has_output_view = False
 
 
+_UNSEEN = object()
+
+
 class _Plan(NamedTuple):
     """A reservation: a slot (or None: a view or pre-allocated) per node, source and leaf, and
     the size of every chunk per allocator."""
@@ -216,6 +219,7 @@ class GraphAllocator:
         self._chunks: list[list[Buffer] | None] = [None] * len(self._allocators)
         self._own_buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._plan: _Plan | None = None
+        self._replay: _Replay | None = None
         self._states: dict[Tensor, _Liveness] = {}
         self.closed = False
 
@@ -233,7 +237,7 @@ class GraphAllocator:
         """
         self._check_open()
         plan = self._simulate(graph, node_buffer_ids, leaf_buffer_ids)
-        self._plan = None
+        self._plan = self._replay = None
         for a, sizes in enumerate(plan.chunk_sizes):
             self._grow(a, sizes)
         self._plan = plan
@@ -255,16 +259,29 @@ class GraphAllocator:
         before and is not now). That happens automatically with one buffer type; with several,
         the buffer ids are unknown, so it returns False and the caller must call ``reserve``
         with explicit ids. Returns True once the graph is allocated.
+
+        Allocating the graph of the last call again (the same node and leaf tensors) replays
+        the placements recorded then, without checking sizes again: a tensor's shape does not
+        change after it is created. A new reservation may move tensors, so create backend
+        graph plans after ``alloc_graph``.
         """
         self._check_open()
-        if self._plan is None or not self._fits(graph, self._plan):
+        replay = self._replay
+        if replay is not None and replay.matches(graph):
+            replay.run(self._chunks)
+            return True
+        replay = self._replay_for(graph, self._plan) if self._plan is not None else None
+        if replay is None:
             if len(self.buffer_types) > 1:
                 log.debug("graph allocator: the graph does not fit the reservation; call "
                           "reserve with buffer ids")
                 return False
             log.debug("graph allocator: reserving again for %s", graph)
             self.reserve(graph)
-        self._place(graph, self._plan)
+            replay = self._replay_for(graph, self._plan)
+            assert replay is not None, "a graph must fit its own reservation"
+        self._replay = replay
+        replay.run(self._chunks)
         return True
 
     def buffer_size(self, buffer_id: int) -> int:
@@ -296,7 +313,7 @@ class GraphAllocator:
             for b in chunks or ():
                 b.close()
         self._chunks = [None] * len(self._allocators)
-        self._plan = None
+        self._plan = self._replay = None
 
     def __enter__(self) -> "GraphAllocator":
         return self
@@ -520,51 +537,75 @@ class GraphAllocator:
 
     # --- allocation from a reservation -------------------------------------------------------
 
-    def _fits(self, graph: Graph, plan: _Plan) -> bool:
-        """ggml_gallocr_needs_realloc, inverted: can ``graph`` reuse ``plan``?"""
+    def _replay_for(self, graph: Graph, plan: _Plan) -> "_Replay | None":
+        """The placements ``plan`` gives ``graph``'s tensors, or None when ``graph`` does not
+        fit it (ggml_gallocr_needs_realloc): other node or leaf counts, a tensor larger than
+        its slot, or one that was pre-allocated when planned and is not now.
+
+        Like ggml, slots are matched by position (leaf i; node i and its source j). A tensor met
+        again must meet the same slot, which also catches a graph whose structure changed while
+        its counts did not (ggml would place such a graph wrongly). Placements keep ggml's
+        order, each tensor once; views follow their source wherever it is when replayed.
+        """
         if len(plan.nodes) != graph.n_nodes or len(plan.leafs) != graph.n_leafs:
-            return False
+            return None
+        own, bufts = self._own_buffers, self.buffer_types
+        chunks, allocator_of = self._chunks, self._allocator_of
+        placements: list[tuple[Tensor, Tensor | None, Buffer | None, int]] = []
+        first: dict[int, _Slot | None] = {}
+        visits = [((leaf,), (slot,)) for leaf, slot in zip(graph.leafs, plan.leafs)]
         for node, (dst, srcs) in zip(graph.nodes, plan.nodes):
-            if not self._slot_fits(node, dst):
-                return False
             if len(node.src) != len(srcs):
-                return False
-            for src, slot in zip(node.src, srcs):
-                if src is not None and not self._slot_fits(src, slot):
-                    return False
-        return True
+                return None
+            visits.append(((*node.src, node), (*srcs, dst)))
+        for tensors, slots in visits:
+            for t, slot in zip(tensors, slots):
+                if t is None:
+                    continue
+                seen = first.get(id(t), _UNSEEN)
+                if seen is not _UNSEEN:
+                    if seen != slot:
+                        return None
+                    continue
+                first[id(t)] = slot
+                if t.buffer is not None and t.buffer not in own:
+                    continue                                  # pre-allocated: left alone
+                if t.view_src is not None:
+                    placements.append((t, t.view_src, None, t.view_offs))
+                elif slot is None or bufts[slot.buffer_id].alloc_size(t) > slot.size_max:
+                    return None
+                else:
+                    buf = chunks[allocator_of[slot.buffer_id]][slot.chunk]
+                    placements.append((t, None, buf, slot.offset))
+        return _Replay(graph, placements)
 
-    def _slot_fits(self, t: Tensor, slot: _Slot | None) -> bool:
-        if t.view_src is not None or self._preallocated(t):
-            return True
-        return slot is not None and self.buffer_types[slot.buffer_id].alloc_size(t) <= \
-            slot.size_max
 
-    def _place(self, graph: Graph, plan: _Plan) -> None:
-        for chunks in self._chunks:
-            for b in chunks or ():
-                b.reset()
-        for leaf, slot in zip(graph.leafs, plan.leafs):
-            self._init_tensor(leaf, slot)
-        for node, (dst, srcs) in zip(graph.nodes, plan.nodes):
-            for src, slot in zip(node.src, srcs):
-                if src is not None:
-                    self._init_tensor(src, slot)
-            self._init_tensor(node, dst)
+class _Replay:
+    """A graph's placements, recorded once and replayed by every later ``alloc_graph`` of the
+    same graph: the steady state of a decode loop costs one assignment per tensor."""
 
-    def _init_tensor(self, t: Tensor, slot: _Slot | None) -> None:
-        if t.buffer is not None and t.buffer not in self._own_buffers:
-            return                                   # pre-allocated: leave it
-        if t.view_src is not None:
-            buf = t.view_src.buffer
-            if buf is None:                          # its source has no memory (yet)
-                t.buffer, t.offset = None, 0
-            else:
-                t.buffer, t.offset = buf, t.view_src.offset + t.view_offs
+    def __init__(self, graph: Graph,
+                 placements: list[tuple[Tensor, Tensor | None, Buffer | None, int]]) -> None:
+        self.nodes, self.leafs = list(graph.nodes), list(graph.leafs)
+        self.placements = placements
+        # buffers whose backend keeps per-tensor state need init_tensor after every reset
+        self.needs_init = any(type(b)._init_tensor is not Buffer._init_tensor or
+                              type(b)._reset is not Buffer._reset
+                              for _, _, b, _ in placements if b is not None)
+
+    def matches(self, graph: Graph) -> bool:
+        return graph.nodes == self.nodes and graph.leafs == self.leafs
+
+    def run(self, chunks: list[list[Buffer] | None]) -> None:
+        if self.needs_init:
+            for bufs in chunks:
+                for b in bufs or ():
+                    b.reset()
+        for t, root, buf, offset in self.placements:
+            if root is None:
+                t.buffer, t.offset = buf, offset
+            else:                           # a view: where its source is now
+                buf = root.buffer
+                t.buffer, t.offset = buf, (root.offset + offset if buf is not None else 0)
+            if self.needs_init and buf is not None:
                 buf.init_tensor(t)
-            return
-        if slot is not None:
-            buf = self._chunks[self._allocator_of[slot.buffer_id]][slot.chunk]
-            t.buffer, t.offset = buf, slot.offset
-            buf.init_tensor(t)
-

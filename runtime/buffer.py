@@ -67,6 +67,8 @@ class BufferType:
 
     def alloc_size(self, tensor: Tensor) -> int:
         """Bytes ``tensor`` needs in this memory (at least its nbytes)."""
+        if type(self)._alloc_size is BufferType._alloc_size:
+            return tensor.nbytes
         size = self._alloc_size(tensor)
         assert size >= tensor.nbytes, f"{self.name}: alloc size {size} < nbytes {tensor.nbytes}"
         return size

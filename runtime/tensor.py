@@ -86,18 +86,17 @@ class Tensor:
     @property
     def nbytes(self) -> int:
         """ggml_nbytes: the span from the first to one past the last byte the tensor touches."""
-        if min(self.ne) <= 0:
+        ne0, ne1, ne2, ne3 = self.ne
+        if ne0 <= 0 or ne1 <= 0 or ne2 <= 0 or ne3 <= 0:
             return 0
+        nb0, nb1, nb2, nb3 = self.nb
         tr = TYPE_TRAITS[self.type]
+        # unrolled: the graph allocator asks for every tensor's size on every new graph
         if tr.block_size == 1:
-            n = tr.type_size
-            for i in range(MAX_DIMS):
-                n += (self.ne[i] - 1) * self.nb[i]
-            return n
-        n = self.ne[0] * self.nb[0] // tr.block_size
-        for i in range(1, MAX_DIMS):
-            n += (self.ne[i] - 1) * self.nb[i]
-        return n
+            n = tr.type_size + (ne0 - 1) * nb0
+        else:
+            n = ne0 * nb0 // tr.block_size
+        return n + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
 
     @property
     def row_bytes(self) -> int:
