@@ -29,12 +29,20 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-
 import polydev
-from polydev.ops import INPLACE_OPS
-from polydev import (Buffer, BufferType, Context, GGMLType, Graph, GraphAllocator, TensorFlag,
-                     alloc_ctx_tensors, ops)
+from polydev import (
+    Buffer,
+    BufferType,
+    Context,
+    GGMLType,
+    Graph,
+    GraphAllocator,
+    TensorFlag,
+    alloc_ctx_tensors,
+    ops,
+)
 from polydev.backends.cpu.device import cpu_model
+from polydev.ops import INPLACE_OPS
 from polydev.tensor import Tensor
 from polydev.tools.table import format_table
 
@@ -189,7 +197,7 @@ def median_seconds(fn, reps: int, setup=lambda: None) -> float:
 
 
 def measure(hp: Hparams, weights: Weights, n_tokens: int, reps: int) -> list[dict]:
-    build = lambda: build_llama_graph(hp, weights, n_tokens, hp.n_ctx)  # noqa: E731
+    build = lambda: build_llama_graph(hp, weights, n_tokens, hp.n_ctx)
     graph = build()
     bound, bound_in_place = liveness_bound(graph), liveness_bound(graph, in_place=True)
     cpu = polydev.device("CPU")

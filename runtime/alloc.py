@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from .buffer import Buffer, BufferType, BufferUsage, MultiBuffer
 from .chunk_alloc import ChunkAllocator, align_up
 from .context import Context
 from .device import Backend
-from .errors import AllocationError, InvalidArgumentError, NotAllocatedError
+from .errors import AllocationError, ClosedError, InvalidArgumentError, NotAllocatedError
 from .graph import Graph
 from .ops import INPLACE_OPS, Op
 from .tensor import Tensor, TensorFlag
@@ -149,8 +150,15 @@ class _Slot(NamedTuple):
 class _Liveness:
     """A tensor's state while a graph's execution is simulated (ggml's hash_node)."""
 
-    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated",
-                 "has_output_view")
+    __slots__ = (
+        "allocated",
+        "buffer_id",
+        "chunk",
+        "has_output_view",
+        "n_children",
+        "n_views",
+        "offset",
+    )
 
     def __init__(self) -> None:
         self.n_children = 0
@@ -315,7 +323,7 @@ class GraphAllocator:
         self._chunks = [None] * len(self._allocators)
         self._plan = self._replay = None
 
-    def __enter__(self) -> "GraphAllocator":
+    def __enter__(self) -> GraphAllocator:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -368,7 +376,7 @@ class GraphAllocator:
         return s
 
     def _preallocated(self, t: Tensor) -> bool:
-        return t.buffer is not None and t.buffer not in self._own_buffers
+        return t.buffer is not None and not self.owns(t)
 
     def _count_uses(self, graph: Graph, node_ids: Sequence[int]) -> None:
         """Count each tensor's consumers and views; place graph inputs before anything else."""
@@ -533,11 +541,11 @@ class GraphAllocator:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise AllocationError("graph allocator was closed")
+            raise ClosedError("this graph allocator was closed")
 
     # --- allocation from a reservation -------------------------------------------------------
 
-    def _replay_for(self, graph: Graph, plan: _Plan) -> "_Replay | None":
+    def _replay_for(self, graph: Graph, plan: _Plan) -> _Replay | None:
         """The placements ``plan`` gives ``graph``'s tensors, or None when ``graph`` does not
         fit it (ggml_gallocr_needs_realloc): other node or leaf counts, a tensor larger than
         its slot, or one that was pre-allocated when planned and is not now.

@@ -35,7 +35,7 @@ def align_up(size: int, alignment: int) -> int:
 class _Chunk:
     """One chunk's free blocks (parallel lists sorted by offset) and high-water mark."""
 
-    __slots__ = ("offsets", "sizes", "max_size")
+    __slots__ = ("max_size", "offsets", "sizes")
 
     def __init__(self, size: int) -> None:
         self.offsets = [0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from polydev.chunk_alloc import MAX_CHUNKS, ChunkAllocator
 
 
@@ -79,7 +78,8 @@ def test_alignment_must_be_a_power_of_two():
 
 
 try:
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 except ImportError:   # pragma: no cover
     st = None
 

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from polydev import (Buffer, BufferType, BufferUsage, Context, GGMLType, Graph, GraphAllocator,
-                     TensorFlag, alloc_ctx_tensors, build_graph, ops)
-from polydev.errors import AllocationError, InvalidArgumentError
+from polydev import (
+    Buffer,
+    BufferType,
+    BufferUsage,
+    Context,
+    GGMLType,
+    Graph,
+    GraphAllocator,
+    TensorFlag,
+    alloc_ctx_tensors,
+    build_graph,
+    ops,
+)
+from polydev.errors import AllocationError, ClosedError, InvalidArgumentError
 from polydev.ops import INPLACE_OPS
 from polydev.tensor import Tensor
 
@@ -21,7 +31,7 @@ UNBOUNDED = 1 << 62
 
 
 class RecordingBuffer(Buffer):
-    def __init__(self, buft: "RecordingBufferType", size: int) -> None:
+    def __init__(self, buft: RecordingBufferType, size: int) -> None:
         super().__init__(buft, size)
 
     def _clear(self, value: int) -> None:
@@ -151,7 +161,7 @@ def test_max_size_tensor_too_large():
     x0, x1 = input_of_size(ctx, 16), input_of_size(ctx, 8)   # chunk 0: [0, 16), [16, 24)
     x2 = ops.concat(ctx, x0, x1, 0)                           # 24 bytes: chunk 1
     name_all(ctx)
-    graph, galloc = allocate(x2, buft)
+    graph, _ = allocate(x2, buft)
     check(graph, ctx)
     assert x2.buffer is not x0.buffer
     assert buft.allocated_total <= 32 + 24
@@ -163,7 +173,7 @@ def test_tensor_larger_than_max_size():
     x0 = input_of_size(ctx, 24)
     x1 = ops.scale(ctx, x0, 2.0)
     name_all(ctx)
-    graph, galloc = allocate(x1, buft)
+    graph, _ = allocate(x1, buft)
     check(graph)
     assert buft.allocated_total == 24                         # one oversize chunk, reused
     assert (x1.buffer, x1.offset) == (x0.buffer, x0.offset)
@@ -193,7 +203,7 @@ def test_fill_leftover_space():
     x1 = ops.pad(ctx, x0, 2)                                  # 16 bytes: a new chunk
     x2 = ops.mean(ctx, x1)                                    # fits after x0 in chunk 0
     name_all(ctx)
-    graph, galloc = allocate(x2, buft)
+    graph, _ = allocate(x2, buft)
     check(graph, ctx)
     assert buft.allocated_total <= 12 + 16
 
@@ -208,7 +218,7 @@ def test_view_inplace():
     x4 = ctx.new_tensor_1d(F32, 2).set_input()                # [16, 24)
     x5 = ops.add(ctx, x3, x4)                                 # in place of x4
     name_all(ctx)
-    graph, galloc = allocate(x5, buft)
+    graph, _ = allocate(x5, buft)
     check(graph, ctx)
     assert all(v.buffer is x0.buffer for v in (x1, x2, x3))
     assert (x3.offset, x2.offset) == (x0.offset + 4, x0.offset)
@@ -227,7 +237,7 @@ def test_reuse_and_free():
     x7 = ctx.view_1d(x6, 2, 8)
     x8 = ops.add(ctx, x3, x7)                                 # reuses x3
     name_all(ctx)
-    graph, galloc = allocate(x8, buft)
+    graph, _ = allocate(x8, buft)
     check(graph, ctx)
     assert (x3.buffer, x3.offset) == (x1.buffer, x1.offset)
     assert (x8.buffer, x8.offset) == (x3.buffer, x3.offset)
@@ -246,7 +256,7 @@ def test_merge_free_block(max_size):
     x7 = ops.pad(ctx, x6, 5)                                  # needs x0's and x1's merged space
     x8 = ops.add(ctx, x5, x7)
     name_all(ctx)
-    graph, galloc = allocate(x8, buft)
+    graph, _ = allocate(x8, buft)
     check(graph, ctx)
     assert buft.allocated_total <= 32 + 32 + 24
 
@@ -258,7 +268,7 @@ def test_prefer_already_allocated_memory():
     x1 = ops.mean(ctx, x0)                                    # [24 free][4][4 free]
     x2 = ops.mean(ctx, x1)                                    # into the 24 free bytes
     name_all(ctx)
-    graph, galloc = allocate(x2, buft)
+    graph, _ = allocate(x2, buft)
     check(graph)
     assert buft.allocated_total <= 28
 
@@ -342,7 +352,7 @@ def test_chunk_buffers_are_compute_buffers():
     buft = RecordingBufferType(16)
     ctx = Context()
     x = input_of_size(ctx, 24)
-    graph, galloc = allocate(ops.sqr(ctx, ops.pad(ctx, x, 1)), buft)
+    _, galloc = allocate(ops.sqr(ctx, ops.pad(ctx, x, 1)), buft)
     assert galloc.chunk_buffers(0)
     assert all(b.usage == BufferUsage.COMPUTE for b in galloc.chunk_buffers(0))
 
@@ -354,7 +364,7 @@ def test_outputs_are_never_freed_or_reused():
     y = ops.scale(ctx, x, 2.0).set_output()
     z = ops.sqr(ctx, y)                      # in-place op, but y is an output
     w = ops.sqr(ctx, z)
-    graph, galloc = allocate(w, buft)
+    graph, _ = allocate(w, buft)
     check(graph)
     for t in (z, w):
         assert not _overlap(t, y)
@@ -370,7 +380,7 @@ def test_an_output_view_keeps_its_source_alive():
     v = ctx.view_1d(c, 16, 64).set_output()
     y = ops.concat(ctx, ops.neg(ctx, v), x, 0)
     z = ops.concat(ctx, y, y, 0)
-    graph, galloc = allocate(z, buft)
+    graph, _ = allocate(z, buft)
     check(graph)
     for t in (y, z):
         assert not _overlap(t, c)
@@ -383,7 +393,7 @@ def test_a_node_runs_in_place_of_a_view_at_its_sources_start():
     m = ops.concat(ctx, x, x, 0)                     # 128 bytes
     v = ctx.view_1d(m, 16, 0)                        # its first 64 bytes, m's only use
     y = ops.neg(ctx, v)                              # may take m's memory
-    graph, galloc = allocate(ops.concat(ctx, y, y, 0), buft)
+    graph, _ = allocate(ops.concat(ctx, y, y, 0), buft)
     check(graph)
     assert (y.buffer, y.offset) == (m.buffer, m.offset)
 
@@ -493,7 +503,7 @@ def test_close_frees_every_chunk():
     with allocate(out, buft)[1] as galloc:
         assert buft.live
     assert not buft.live
-    with pytest.raises(AllocationError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         galloc.reserve(build_graph(out))
 
 
@@ -527,16 +537,25 @@ def test_weights_and_outputs_keep_their_values(cpu):
 
 N = 6   # every value in a random graph is an N x N matrix (some of them strided views)
 
+def _padded_view(ctx: Context, a: Tensor) -> Tensor:
+    """An N x N strided view into a padded copy (rows longer than N, offset one row)."""
+    p = ops.pad(ctx, a, 2, 1)
+    return ops.view_2d(ctx, p, N, N, p.nb[1], p.nb[1])
+
+
+def _second_half_view(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """The rows of ``b`` in ``concat(a, b)``: a view at a non-zero offset."""
+    t = ops.concat(ctx, a, b, 1)
+    return ops.view_2d(ctx, t, N, N, t.nb[1], N * t.nb[1])
+
+
 _UNARY = {"scale": lambda c, a: ops.scale(c, a, 0.5, 0.25), "sqr": ops.sqr,
           "silu": ops.silu, "tanh": ops.tanh, "neg": ops.neg, "rms_norm": ops.rms_norm,
           "soft_max": ops.soft_max, "transpose": lambda c, a: ops.cont(c, ops.transpose(c, a)),
           "reshape": lambda c, a: ops.reshape(c, ops.reshape(c, a, N * N), N, N),
-          "pad_view": lambda c, a: (lambda p: ops.view_2d(c, p, N, N, p.nb[1], p.nb[1]))(
-              ops.pad(c, a, 2, 1))}
+          "pad_view": _padded_view}
 _BINARY = {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "mul_mat": ops.mul_mat,
-           "concat_view": lambda c, a, b: (lambda t: ops.view_2d(c, t, N, N, t.nb[1],
-                                                                 N * t.nb[1]))(
-               ops.concat(c, a, b, 1)),
+           "concat_view": _second_half_view,
            "sum_rows_repeat": lambda c, a, b: ops.repeat(c, ops.sum_rows(c, a), b)}
 _INPLACE = {"add": ops.add, "mul": ops.mul, "scale": lambda c, a, inplace: ops.scale(
     c, a, 1.5, inplace=inplace), "sqr": ops.sqr, "soft_max": ops.soft_max}
@@ -578,7 +597,8 @@ def _build(ctx: Context, w: Tensor, program) -> tuple[list[Tensor], list[Tensor]
 
 st_program = None
 try:
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     _step = st.one_of(
         st.tuples(st.just("unary"), st.sampled_from(sorted(_UNARY))),
