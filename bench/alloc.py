@@ -30,17 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import polydev
-from polydev import (
-    Buffer,
-    BufferType,
-    Context,
-    GGMLType,
-    Graph,
-    GraphAllocator,
-    TensorFlag,
-    alloc_ctx_tensors,
-    ops,
-)
+from polydev import (Buffer, BufferType, Context, GGMLType, Graph, GraphAllocator, TensorFlag,
+                     alloc_ctx_tensors, ops)
 from polydev.backends.cpu.device import cpu_model
 from polydev.ops import INPLACE_OPS
 from polydev.tensor import Tensor

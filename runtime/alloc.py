@@ -21,10 +21,6 @@ from .tensor import Tensor, TensorFlag
 log = logging.getLogger(__name__)
 
 
-def pad(size: int, alignment: int) -> int:
-    return (size + alignment - 1) // alignment * alignment
-
-
 def tensor_alloc(buffer: Buffer, t: Tensor, offset: int) -> None:
     """Place the non-view tensor ``t`` at byte ``offset`` of ``buffer``."""
     if t.buffer is not None:
@@ -61,7 +57,7 @@ class TensorAllocator:
         self.offset = 0
 
     def alloc(self, t: Tensor) -> None:
-        size = pad(self.buffer.alloc_size(t), self.alignment)
+        size = align_up(self.buffer.alloc_size(t), self.alignment)
         if self.offset + size > self.buffer.size:
             raise AllocationError(
                 f"not enough space in buffer {self.buffer.name} for {t.name or '<unnamed>'}: "
@@ -80,7 +76,7 @@ def _ranges(ctx: Context, buft: BufferType) -> list[tuple[int, int, int]]:
     for i, t in enumerate(ctx.tensors):
         if t.buffer is not None or t.view_src is not None:
             continue
-        size = pad(buft.alloc_size(t), buft.alignment)
+        size = align_up(buft.alloc_size(t), buft.alignment)
         if cur > 0 and cur + size > buft.max_size:
             ranges.append((start, i, cur))
             start, cur = i, 0

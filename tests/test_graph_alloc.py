@@ -9,19 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from polydev import (
-    Buffer,
-    BufferType,
-    BufferUsage,
-    Context,
-    GGMLType,
-    Graph,
-    GraphAllocator,
-    TensorFlag,
-    alloc_ctx_tensors,
-    build_graph,
-    ops,
-)
+from polydev import (Buffer, BufferType, BufferUsage, Context, GGMLType, Graph, GraphAllocator,
+                     TensorFlag, alloc_ctx_tensors, build_graph, ops)
 from polydev.errors import AllocationError, ClosedError, InvalidArgumentError
 from polydev.ops import INPLACE_OPS
 from polydev.tensor import Tensor
