@@ -160,6 +160,33 @@ def dequantize_q6_k(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     return _finish(dl * q, raw, 210, QK_K, out)
 
 
+
+# --- non-linear 4-bit formats ---------------------------------------------------------------------
+
+# kvalues_iq4nl: the 16 levels of IQ4_NL/IQ4_XS, denser near zero like a weight distribution
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.float32)
+
+
+def dequantize_iq4_nl(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    b = _blocks(raw, 18)
+    q = IQ4_LEVELS[_nibbles(b[:, 2:]).reshape(-1, QK)]
+    return _finish(q * _f16(b, 0), raw, 18, QK, out)
+
+
+def dequantize_iq4_xs(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    b = _blocks(raw, 136)
+    d = _f16(b, 0)
+    scales_h = b[:, 2:4].copy().view(np.uint16)                            # (nb, 1)
+    scales_l = b[:, 4:8]
+    # sub-block j's 6-bit scale: nibble j%2 of scales_l[j//2], two high bits at 2j of scales_h
+    low = ((scales_l[:, :, None] >> _NIBBLE_SHIFTS[None, None, :]) & np.uint8(0xF)).reshape(-1, 8)
+    high = (scales_h >> (2 * np.arange(8, dtype=np.uint16))) & np.uint16(3)
+    ls = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - np.int16(32)
+    dl = (d * ls.astype(np.float32)).reshape(-1, 8, 1)
+    q = IQ4_LEVELS[_nibbles(b[:, 8:].reshape(-1, 16)).reshape(-1, 8, QK)]
+    return _finish(dl * q, raw, 136, QK_K, out)
+
 # --- quantizers (ggml's *_ref functions) ------------------------------------------------------
 
 def _as_blocks(values: np.ndarray, block_size: int) -> np.ndarray:

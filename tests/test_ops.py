@@ -300,7 +300,8 @@ def test_mul_mat_permuted_b(backend, rng):
 
 
 QTYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+          GGMLType.IQ4_NL, GGMLType.IQ4_XS]
 
 
 def random_blocks(rng, qtype: GGMLType, rows: int, cols: int) -> np.ndarray:
@@ -309,7 +310,8 @@ def random_blocks(rng, qtype: GGMLType, rows: int, cols: int) -> np.ndarray:
     raw = rng.integers(0, 256, size=(rows, cols // tr.block_size, tr.type_size), dtype=np.uint8)
     scale_fields = {  # byte offsets of the fp16 scale/min fields in each block layout
         "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q2_K": [80, 82],
-        "q3_K": [108], "q4_K": [0, 2], "q5_K": [0, 2], "q6_K": [208]}[tr.name]
+        "q3_K": [108], "q4_K": [0, 2], "q5_K": [0, 2], "q6_K": [208], "iq4_nl": [0],
+        "iq4_xs": [0]}[tr.name]
     for off in scale_fields:
         vals = rng.uniform(0.001, 0.02, size=raw.shape[:2]).astype(np.float16)
         raw[:, :, off:off + 2] = vals.view(np.uint8).reshape(raw.shape[:2] + (2,))

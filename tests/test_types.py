@@ -13,7 +13,7 @@ import gguf.quants  # noqa: E402
 
 DEQUANT = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
            GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-           GGMLType.F16, GGMLType.BF16]
+           GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.F16, GGMLType.BF16]
 QUANT = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
          GGMLType.F16, GGMLType.BF16]
 
