@@ -276,6 +276,100 @@ def quantize_q8_0(values: np.ndarray) -> np.ndarray:
     return _shaped(np.concatenate([_to_f16_bytes(d), q], axis=1), values, QK)
 
 
+
+# --- K-quant quantizers -----------------------------------------------------------------------
+#
+# Not ggml's iterative searches (make_qkx2_quants, make_qx_quants): each sub-block gets the
+# affine (or symmetric) fit of its range, refined by least squares on its levels, and the
+# sub-block scales are stored in 6 or 8 bits against the super-block's fp16 scales. Any
+# encoding is valid ggml data; these come within a few percent of ggml's error (see tests).
+
+def _fit_affine(x: np.ndarray, n_max: int, rounds: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``x``: scale s > 0 and offset m >= 0 with x ~ s * q - m, q in 0..n_max."""
+    lo = np.minimum(x.min(axis=-1, keepdims=True), 0)
+    s = (x.max(axis=-1, keepdims=True) - lo) / np.float32(n_max)
+    m = -lo
+    n = np.float32(x.shape[-1])
+    for _ in range(rounds):      # least squares for (s, m) given the levels, then re-level
+        q = np.clip(np.rint((x + m) * _reciprocal(s)), 0, n_max)
+        sq, sx = q.sum(-1, keepdims=True), x.sum(-1, keepdims=True)
+        sqq, sxq = (q * q).sum(-1, keepdims=True), (x * q).sum(-1, keepdims=True)
+        det = n * sqq - sq * sq
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s_ls = (n * sxq - sq * sx) / det
+            m_ls = (sq * s_ls - sx) / n
+            s_0 = sxq / sqq                                      # the fit with m = 0
+        s_new = np.where(m_ls >= 0, s_ls, s_0)
+        m_new = np.where(m_ls >= 0, m_ls, 0)
+        ok = np.isfinite(s_new) & (s_new > 0) & np.isfinite(m_new)
+        s, m = np.where(ok, s_new, s).astype(np.float32), np.where(ok, m_new, m).astype(np.float32)
+    return s, m
+
+
+def _super_scale(v: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """fp16 super-scale d and integer multipliers in 0..top with d * k ~ v (v >= 0)."""
+    d16 = (v.max(axis=-1, keepdims=True) / np.float32(top)).astype(np.float16).astype(np.float32)
+    k = np.clip(np.rint(v * _reciprocal(d16)), 0, top).astype(np.uint8)
+    return d16, k
+
+
+def _pack_k4_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Eight 6-bit (scale, min) pairs into 12 bytes (inverse of _k4_scales_mins)."""
+    lo = (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6)
+    hi = (mn[:, :4] & 63) | ((mn[:, 4:] >> 4) << 6)
+    top = (sc[:, 4:] & 0xF) | ((mn[:, 4:] & 0xF) << 4)
+    return np.concatenate([lo, hi, top], axis=1).astype(np.uint8)
+
+
+def _affine_levels(x: np.ndarray, n_max: int) -> tuple[np.ndarray, ...]:
+    """K-quant affine sub-blocks (nb, 8, 32): d, dmin, 6-bit scales, mins and the levels."""
+    s, m = _fit_affine(x, n_max)
+    d, sc = _super_scale(s[..., 0], 63)
+    dmin, mn = _super_scale(m[..., 0], 63)
+    step = (d * sc)[..., None]
+    offset = (dmin * mn)[..., None]
+    q = np.clip(np.rint((x + offset) * _reciprocal(step)), 0, n_max).astype(np.uint8)
+    return d, dmin, sc, mn, q
+
+
+def quantize_q4_k(values: np.ndarray) -> np.ndarray:
+    x = _as_blocks(values, QK_K).reshape(-1, 8, 32)
+    d, dmin, sc, mn, q = _affine_levels(x, 15)
+    qs = (q[:, 0::2] | (q[:, 1::2] << np.uint8(4))).reshape(-1, 128)   # sub-blocks 2j, 2j+1
+    out = np.concatenate([_to_f16_bytes(d), _to_f16_bytes(dmin), _pack_k4_scales(sc, mn), qs],
+                         axis=1)
+    return _shaped(out, values, QK_K)
+
+
+def quantize_q5_k(values: np.ndarray) -> np.ndarray:
+    x = _as_blocks(values, QK_K).reshape(-1, 8, 32)
+    d, dmin, sc, mn, q = _affine_levels(x, 31)
+    low = q & np.uint8(0xF)
+    qs = (low[:, 0::2] | (low[:, 1::2] << np.uint8(4))).reshape(-1, 128)
+    # bit k of qh[l] is the fifth bit of element l of sub-block k
+    qh = np.packbits((q >> np.uint8(4)).transpose(0, 2, 1), axis=-1, bitorder="little")
+    out = np.concatenate([_to_f16_bytes(d), _to_f16_bytes(dmin), _pack_k4_scales(sc, mn),
+                          qh.reshape(-1, 32), qs], axis=1)
+    return _shaped(out, values, QK_K)
+
+
+def quantize_q6_k(values: np.ndarray) -> np.ndarray:
+    x = _as_blocks(values, QK_K).reshape(-1, 16, 16)
+    # symmetric sub-blocks: the largest magnitude maps to -32, as ggml's make_qx_quants starts
+    scale = _abs_max_signed(x.reshape(-1, 16)).reshape(-1, 16) / np.float32(-32)
+    biggest = _abs_max_signed(scale)
+    d = (biggest / np.float32(-128)).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scale * _reciprocal(d)), -128, 127).astype(np.int8)
+    step = (d * sc.astype(np.float32))[..., None]
+    q = (np.clip(np.rint(x * _reciprocal(step)), -32, 31) + 32).astype(np.uint8)
+    q = q.reshape(-1, 2, 4, 32)                                         # (n, g, l)
+    low = (q & np.uint8(0xF)).reshape(-1, 2, 2, 2, 32)                  # (n, nibble, half, l)
+    ql = (low[:, :, 0] | (low[:, :, 1] << np.uint8(4))).reshape(-1, 128)
+    high = (q >> np.uint8(4)) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    qh = np.bitwise_or.reduce(high, axis=2).reshape(-1, 64)
+    out = np.concatenate([ql, qh, sc.view(np.uint8), _to_f16_bytes(d)], axis=1)
+    return _shaped(out, values, QK_K)
+
 # --- 16-bit floats ----------------------------------------------------------------------------
 
 def f32_to_bf16(values: np.ndarray) -> np.ndarray:

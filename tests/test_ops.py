@@ -232,17 +232,18 @@ def test_cpy_converts(backend, rng, src_type, dst_type):
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-                                   GGMLType.Q8_0])
+                                   GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K])
 def test_cpy_quantizes_and_back(backend, rng, qtype):
-    a = f32(rng, (1, 1, 4, 64))
-    dst = np.zeros((1, 1, 4, 64), np.float32)
+    a = f32(rng, (1, 1, 4, 256))
+    dst = np.zeros((1, 1, 4, 256), np.float32)
     # F32 -> quantized -> F32 through two CPY nodes
     def build(ctx, x, y):
-        q = ctx.new_tensor(qtype, (64, 4))
-        back = ctx.new_tensor(GGMLType.F32, (64, 4))
+        q = ctx.new_tensor(qtype, (256, 4))
+        back = ctx.new_tensor(GGMLType.F32, (256, 4))
         return ops.cpy(ctx, ops.cpy(ctx, x, q), back)
     out = compute(backend, build, a, dst)
     np.testing.assert_array_equal(out, dequantize(quantize(a, qtype), qtype))
+
 
 
 # --- normalisation --------------------------------------------------------------------------------
@@ -343,6 +344,18 @@ def test_mul_mat_quantized(backend, rng, qtype, n):
 
 # --- rows ----------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("qtype", QTYPES, ids=str)
+def test_cpy_dequantizes_every_type_with_a_dequantizer(backend, rng, qtype):
+    from polydev import Context, alloc_ctx_tensors, build_graph
+    raw = random_blocks(rng, qtype, 3, 256)
+    ctx = Context()
+    q = ctx.new_tensor(qtype, (256, 3))
+    out = ops.cpy(ctx, q, ctx.new_tensor(GGMLType.F32, (256, 3)))
+    with alloc_ctx_tensors(ctx, backend):
+        q.set_data(raw.tobytes())
+        backend.graph_compute(build_graph(out))
+        np.testing.assert_array_equal(out.numpy()[0, 0], dequantize(raw, qtype))
+
 @pytest.mark.parametrize("qtype", [GGMLType.F32, GGMLType.F16, GGMLType.BF16] + QTYPES, ids=str)
 def test_get_rows(backend, rng, qtype):
     n_rows, k = 10, 256
@@ -375,15 +388,16 @@ def test_get_rows_batched(backend, rng):
     np.testing.assert_array_equal(out, ref)
 
 
-@pytest.mark.parametrize("dst_type", [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0], ids=str)
+@pytest.mark.parametrize("dst_type", [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_K],
+                         ids=str)
 @pytest.mark.parametrize("idx_type", [np.int64, np.int32])
 def test_set_rows(backend, rng, dst_type, idx_type):
-    dst = np.zeros((1, 2, 8, 64), np.float32)
-    rows = f32(rng, (1, 2, 3, 64))
+    dst = np.zeros((1, 2, 8, 256), np.float32)
+    rows = f32(rng, (1, 2, 3, 256))
     idx = np.array([[[5, 1, 7]]], dtype=idx_type)       # broadcast over dim 2 (i % 1)
     out = compute(backend, lambda ctx, d, r, i: ops.set_rows(ctx, d, r, i), dst, rows, idx,
                   types=[dst_type, None, None])
-    ref = np.zeros((1, 2, 8, 64), np.float32)
+    ref = np.zeros((1, 2, 8, 256), np.float32)
     ref[:, :, [5, 1, 7], :] = rows
     if dst_type != GGMLType.F32:
         ref = dequantize(quantize(ref, dst_type), dst_type).reshape(ref.shape)

@@ -55,13 +55,48 @@ def test_quantize_byte_exact(qtype, scale):
                                   ref.view(np.uint8).reshape(6, -1))
 
 
+
+K_QUANT = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+# ggml's test-quantize-fns: data 0.1 + 2 cos(i), error sqrt(sum of squares) / n
+GGML_TOTAL_ERROR = 0.002
+# relative RMS error on unit Gaussians; ggml's own quantizers reach 0.071, 0.036, 0.018
+GAUSSIAN_REL_RMSE = {GGMLType.Q4_K: 0.080, GGMLType.Q5_K: 0.040, GGMLType.Q6_K: 0.020}
+
+
+@pytest.mark.parametrize("qtype", K_QUANT, ids=str)
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 300.0])
+def test_k_quants_round_trip_and_ggml_reads_the_same(qtype, scale):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((6, 1024)) * scale).astype(np.float32)
+    x[0, :256] = 0.0                                  # an all-zero super-block
+    x[1, :256] = np.float32(0.5 * scale)              # a constant one
+    x[2, 256:512] = np.abs(x[2, 256:512])             # all positive: offset 0
+    raw = quantize(x, qtype)
+    assert raw.shape == (6, 1024 // 256 * qtype.traits.type_size)
+    got = dequantize(raw, qtype)
+    ref = gguf.quants.dequantize(raw, _gguf_type(qtype)).reshape(got.shape)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(got[0, :256], 0.0)
+    rel = np.sqrt(np.mean((got[3:] - x[3:]) ** 2)) / np.sqrt(np.mean(x[3:] ** 2))
+    assert rel <= GAUSSIAN_REL_RMSE[qtype], f"relative RMSE {rel:.4f}"
+
+
+@pytest.mark.parametrize("qtype", K_QUANT, ids=str)
+def test_k_quants_meet_ggml_total_error(qtype):
+    n = 32 * 128
+    x = (0.1 + 2 * np.cos(np.arange(n, dtype=np.float32))).astype(np.float32)
+    y = dequantize(quantize(x[None], qtype), qtype)[0]
+    err = np.sqrt(np.sum((y.astype(np.float64) - x) ** 2)) / n
+    assert err < GGML_TOTAL_ERROR
+
+
 def test_row_size_and_errors():
     assert row_size(GGMLType.Q4_K, 4096) == 4096 // 256 * 144
     assert row_size(GGMLType.F16, 7) == 14
     with pytest.raises(ShapeError, match="block"):
         row_size(GGMLType.Q4_0, 33)
     with pytest.raises(TensorTypeError, match="cannot quantize"):
-        quantize(np.zeros(256, np.float32), GGMLType.Q4_K)
+        quantize(np.zeros(256, np.float32), GGMLType.Q3_K)
     with pytest.raises(TensorTypeError, match="unknown tensor type"):
         GGMLType.parse("q9_9")
     assert GGMLType.parse("q4_k") is GGMLType.Q4_K and GGMLType.parse(1) is GGMLType.F16
