@@ -113,12 +113,27 @@ def test_norms_and_scale(cpu, ggml_backend, rng):
     check(cpu, ggml_backend, ops.sum_rows, ggml.ggml_sum_rows, [a], [F32])
 
 
-@pytest.mark.parametrize("name,threshold", [("silu", 1e-7), ("gelu", 1e-5), ("tanh", 1e-7),
-                                            ("sigmoid", 1e-7), ("relu", 1e-7)])
+@pytest.mark.parametrize("name,threshold", [
+    ("silu", 1e-7), ("gelu", 1e-5), ("tanh", 1e-7), ("sigmoid", 1e-7), ("relu", 1e-7),
+    ("sgn", 0.0), ("step", 0.0), ("elu", 1e-7), ("gelu_erf", 1e-7), ("gelu_quick", 1e-5),
+    ("hardswish", 1e-7), ("hardsigmoid", 1e-7), ("exp", 1e-7), ("expm1", 1e-7),
+    ("softplus", 1e-7), ("floor", 0.0), ("ceil", 0.0), ("round", 0.0), ("trunc", 0.0)])
 def test_unary(cpu, ggml_backend, rng, name, threshold):
     a = u(rng, (1, 3, 7, 33), -5, 5)
-    check(cpu, ggml_backend, getattr(ops, name), getattr(ggml, f"ggml_{name}"), [a], [F32],
-          threshold)
+    a[0, 0, 0, :6] = [0.0, -0.0, 0.5, -0.5, 2.5, -1.5]     # signs of zero, ties for rounding
+    ours = getattr(ops, name if hasattr(ops, name) else f"{name}_")
+    check(cpu, ggml_backend, ours, getattr(ggml, f"ggml_{name}"), [a], [F32], threshold)
+
+
+@pytest.mark.parametrize("name", ["reglu", "geglu_erf", "geglu_quick"])
+def test_other_glus(cpu, ggml_backend, rng, name):
+    fn = {"reglu": ops.GluOp.REGLU, "geglu_erf": ops.GluOp.GEGLU_ERF,
+          "geglu_quick": ops.GluOp.GEGLU_QUICK}[name]
+    a, b = u(rng, (1, 2, 3, 40), -3, 3), u(rng, (1, 2, 3, 40))
+    check(cpu, ggml_backend, lambda c, x: ops.glu(c, x, fn), getattr(ggml, f"ggml_{name}"),
+          [a], [F32], 1e-5)
+    check(cpu, ggml_backend, lambda c, x, y: ops.glu_split(c, x, y, fn),
+          getattr(ggml, f"ggml_{name}_split"), [a, b], [F32, F32], 1e-5)
 
 
 def test_swiglu_fused_and_split(cpu, ggml_backend, rng):

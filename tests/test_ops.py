@@ -90,6 +90,19 @@ UNARY_REF = {
     UnaryOp.EXP: np.exp,
     UnaryOp.NEG: np.negative,
     UnaryOp.ABS: np.abs,
+    UnaryOp.SGN: np.sign,
+    UnaryOp.STEP: lambda x: (x > 0).astype(np.float64),
+    UnaryOp.ELU: lambda x: np.where(x > 0, x, np.expm1(x)),
+    UnaryOp.GELU_ERF: lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+    UnaryOp.GELU_QUICK: lambda x: x / (1 + np.exp(-1.702 * x)),
+    UnaryOp.HARDSWISH: lambda x: x * np.clip((x + 3) / 6, 0, 1),
+    UnaryOp.HARDSIGMOID: lambda x: np.clip((x + 3) / 6, 0, 1),
+    UnaryOp.EXPM1: np.expm1,
+    UnaryOp.SOFTPLUS: lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
+    UnaryOp.FLOOR: np.floor,
+    UnaryOp.CEIL: np.ceil,
+    UnaryOp.ROUND: lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5),   # C's round: half away
+    UnaryOp.TRUNC: np.trunc,
 }
 
 
@@ -103,6 +116,14 @@ def test_unary(backend, rng, fn, dtype, shape):
     assert out.dtype == dtype
     assert_close(out, ref, 1e-7 if dtype == np.float32 else 1e-5)
 
+
+@pytest.mark.parametrize("fn", [UnaryOp.SGN, UnaryOp.STEP, UnaryOp.ROUND, UnaryOp.FLOOR,
+                                UnaryOp.CEIL, UnaryOp.TRUNC, UnaryOp.SOFTPLUS], ids=str)
+def test_unary_special_values(backend, fn):
+    a = np.array([0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 2.5, 30.0, -30.0, 1e-8],
+                 np.float32).reshape(1, 1, 1, -1)
+    out = compute(backend, lambda ctx, x: ops.unary(ctx, x, fn), a)
+    np.testing.assert_allclose(out, UNARY_REF[fn](a.astype(np.float64)), rtol=1e-6)
 
 @pytest.mark.parametrize("fn", list(UNARY_REF), ids=lambda f: f.name)
 def test_unary_view_and_inplace(backend, rng, fn):
