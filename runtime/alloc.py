@@ -146,15 +146,8 @@ class _Slot(NamedTuple):
 class _Liveness:
     """A tensor's state while a graph's execution is simulated (ggml's hash_node)."""
 
-    __slots__ = (
-        "allocated",
-        "buffer_id",
-        "chunk",
-        "has_output_view",
-        "n_children",
-        "n_views",
-        "offset",
-    )
+    __slots__ = ("allocated", "buffer_id", "chunk", "has_output_view", "n_children", "n_views",
+                 "offset")
 
     def __init__(self) -> None:
         self.n_children = 0
@@ -294,10 +287,8 @@ class GraphAllocator:
         if not 0 <= buffer_id < len(self.buffer_types):
             raise InvalidArgumentError(f"buffer id {buffer_id} is not in 0..."
                                        f"{len(self.buffer_types) - 1}")
-        a = self._allocator_of[buffer_id]
-        if a in self._allocator_of[:buffer_id]:
-            return 0
-        return sum(b.size for b in self._chunks[a] or ())
+        sizes = [sum(b.size for b in chunks or ()) for chunks in self._chunks]
+        return self._per_buffer_id(sizes)[buffer_id]
 
     def chunk_buffers(self, buffer_id: int) -> list[Buffer]:
         """The backend buffers that hold ``buffer_id``'s tensors (shared between ids of one
@@ -428,19 +419,14 @@ class GraphAllocator:
                 continue
             if not node.same_layout(parent) or p.n_children != 1 or p.n_views != 0:
                 continue
-            if parent.view_src is None:
-                owner = parent
-            else:
-                # a view can pass on its source's memory only when it is that source's only
-                # view, starts at its first byte, and the source has no other consumer.
-                # (ggml states this rule but its ownership check, made on the view itself,
-                # never lets it apply; we apply it.)
-                owner = parent.view_src
-                o = self._state(owner)
-                if not (o.allocated and o.n_views == 1 and o.n_children == 0
-                        and parent.view_offs == 0):
-                    continue
+            owner = parent if parent.view_src is None else parent.view_src
             o = self._state(owner)
+            # a view can pass on its source's memory only when it is that source's only view,
+            # starts at its first byte, and the source has no other consumer. (ggml states this
+            # rule but its ownership check, made on the view itself, never lets it apply.)
+            if owner is not parent and not (o.allocated and o.n_views == 1 and
+                                             o.n_children == 0 and parent.view_offs == 0):
+                continue
             if self._allocator_of[o.buffer_id] != allocator:
                 continue
             s.buffer_id, s.chunk, s.offset = o.buffer_id, o.chunk, o.offset

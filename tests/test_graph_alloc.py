@@ -359,7 +359,6 @@ def test_outputs_are_never_freed_or_reused():
         assert not _overlap(t, y)
 
 
-
 def test_an_output_view_keeps_its_source_alive():
     # ggml frees the source once the output view's consumers ran; we must not
     buft = RecordingBufferType(UNBOUNDED)
