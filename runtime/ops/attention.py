@@ -1,0 +1,92 @@
+"""Attention: masks, soft_max, rotary position embedding."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import InvalidArgumentError, TensorTypeError
+from ..tensor import Tensor
+from ..types import GGMLType
+from ._build import _check, _ne, _unary_like
+from .catalogue import Op, RopeMode
+
+__all__ = [
+    "diag_mask_inf", "soft_max", "soft_max_ext", "soft_max_add_sinks", "rope", "rope_ext",
+]
+
+
+def diag_mask_inf(ctx, a: Tensor, n_past: int, inplace: bool = False) -> Tensor:
+    """Set element (i0, i1) to -inf where i0 > n_past + i1 (causal mask)."""
+    return _unary_like(ctx, Op.DIAG_MASK_INF, a, (int(n_past),), inplace)
+
+
+def soft_max(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    return soft_max_ext(ctx, a, None, 1.0, 0.0, inplace)
+
+
+def soft_max_ext(ctx, a: Tensor, mask: Tensor | None, scale: float = 1.0, max_bias: float = 0.0,
+                 inplace: bool = False) -> Tensor:
+    """softmax(a * scale + slope * mask) over rows; slope is ALiBi's per head when max_bias > 0."""
+    _check(a.is_contiguous(), "soft_max", f"{_ne(a)} must be contiguous")
+    if mask is not None:
+        _check(mask.type in (GGMLType.F16, GGMLType.F32), "soft_max",
+               f"mask must be f16 or f32, got {mask.type}", TensorTypeError)
+        _check(mask.is_contiguous(), "soft_max", f"mask {_ne(mask)} must be contiguous")
+        ok = mask.ne[0] == a.ne[0] and mask.ne[1] >= a.ne[1] and a.ne[2] % mask.ne[2] == 0 \
+            and a.ne[3] % mask.ne[3] == 0
+        _check(ok, "soft_max", f"mask {_ne(mask)} does not fit {_ne(a)}: ne[0] must match, ne[1] "
+               f"must cover a's rows and dims 2-3 must divide a's")
+    _check(max_bias <= 0 or mask is not None, "soft_max", "max_bias > 0 (ALiBi) needs a mask",
+           InvalidArgumentError)
+    return _unary_like(ctx, Op.SOFT_MAX, a, (float(scale), float(max_bias)), inplace,
+                       srcs=[a, mask])
+
+
+def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    """Attach attention sinks (one F32 logit per head, a's dim 2) to a SOFT_MAX result."""
+    if sinks is None:
+        return
+    _check(a.op == Op.SOFT_MAX, "soft_max_add_sinks", f"{_ne(a)} is not a soft_max result",
+           InvalidArgumentError)
+    _check(sinks.type == GGMLType.F32 and sinks.ne[0] == a.ne[2], "soft_max_add_sinks",
+           f"sinks {_ne(sinks)} must be f32 with one value per head ({a.ne[2]})")
+    while len(a.src) < 3:
+        a.src.append(None)
+    a.src[2] = sinks
+
+
+def rope(ctx, a: Tensor, pos: Tensor, n_dims: int, mode: int = RopeMode.NORMAL,
+         inplace: bool = False) -> Tensor:
+    return rope_ext(ctx, a, pos, None, n_dims, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0,
+                    inplace=inplace)
+
+
+def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int,
+             mode: int = RopeMode.NORMAL, n_ctx_orig: int = 0, freq_base: float = 10000.0,
+             freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
+             beta_fast: float = 32.0, beta_slow: float = 1.0,
+             sections: Sequence[int] | None = None, inplace: bool = False) -> Tensor:
+    """Rotary position embedding with YaRN scaling (ggml_rope_ext).
+
+    ``a`` is [head_dim, n_head, n_tokens, ...], ``pos`` the I32 positions of the tokens (4 per
+    token for M-RoPE), ``freq_factors`` optional F32 per-pair divisors of the frequencies.
+    op_params follow ggml: [0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale, ext_factor,
+    attn_factor, beta_fast, beta_slow, sections[4], n_offs].
+    """
+    _check(mode & 1 == 0, "rope", f"mode {mode} (mode & 1) is no longer supported by ggml",
+           InvalidArgumentError)
+    _check(pos.type == GGMLType.I32 and pos.ne[1] == pos.ne[2] == pos.ne[3] == 1, "rope",
+           f"positions {_ne(pos)} must be an i32 vector", TensorTypeError)
+    per_token = 4 if mode & RopeMode.MROPE else 1
+    _check(pos.ne[0] == a.ne[2] * per_token, "rope",
+           f"positions {_ne(pos)} must hold {per_token} value(s) per token of {_ne(a)}")
+    _check(0 < n_dims <= a.ne[0] and n_dims % 2 == 0, "rope",
+           f"n_dims={n_dims} must be even and at most ne[0] of {_ne(a)}", InvalidArgumentError)
+    if freq_factors is not None:
+        _check(freq_factors.type == GGMLType.F32 and freq_factors.ne[0] >= n_dims // 2, "rope",
+               f"freq_factors {_ne(freq_factors)} must be f32 with >= n_dims/2 values")
+    secs = tuple(sections) if (mode & RopeMode.MROPE and sections) else (0, 0, 0, 0)
+    params = (0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale),
+              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow)) \
+        + secs + (0,)
+    return _unary_like(ctx, Op.ROPE, a, params, inplace, srcs=[a, pos, freq_factors])

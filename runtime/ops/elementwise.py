@@ -1,0 +1,122 @@
+"""Element-wise arithmetic, the UNARY functions and the gated linear units (GLU)."""
+
+from __future__ import annotations
+
+from ..errors import TensorTypeError
+from ..tensor import Tensor
+from ._build import _check, _ne, _result, _unary_like
+from .catalogue import GluOp, Op, UnaryOp
+
+__all__ = [
+    "add", "sub", "mul", "div", "scale", "sqr", "sqrt", "unary", "abs_", "neg", "tanh", "relu",
+    "sigmoid", "gelu", "silu", "exp", "sgn", "step", "elu", "gelu_erf", "gelu_quick",
+    "hardswish", "hardsigmoid", "expm1", "softplus", "floor", "ceil", "round_", "trunc", "glu",
+    "glu_split", "swiglu", "geglu",
+]
+
+
+def _binary(ctx, op: Op, a: Tensor, b: Tensor, inplace: bool) -> Tensor:
+    _check(b.can_repeat_to(a), op.name.lower(),
+           f"{_ne(b)} cannot be broadcast to {_ne(a)} "
+           f"(each dimension of a must be a multiple of b's)")
+    return _unary_like(ctx, op, a, inplace=inplace, srcs=[a, b])
+
+
+def add(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """a + b, with b repeated over a (ggml_can_repeat)."""
+    return _binary(ctx, Op.ADD, a, b, inplace)
+
+
+def sub(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    return _binary(ctx, Op.SUB, a, b, inplace)
+
+
+def mul(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    return _binary(ctx, Op.MUL, a, b, inplace)
+
+
+def div(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    return _binary(ctx, Op.DIV, a, b, inplace)
+
+
+def scale(ctx, a: Tensor, s: float, b: float = 0.0, inplace: bool = False) -> Tensor:
+    """a * s + b (ggml_scale / ggml_scale_bias)."""
+    padded = a.nb[0] == a.traits.type_size and a.nb[2] == a.nb[1] * a.ne[1] \
+        and a.nb[3] == a.nb[2] * a.ne[2]
+    _check(padded, "scale", f"{_ne(a)} nb={list(a.nb)} must be padded 1-d (rows may be strided)")
+    return _unary_like(ctx, Op.SCALE, a, (float(s), float(b)), inplace)
+
+
+def sqr(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    return _unary_like(ctx, Op.SQR, a, inplace=inplace)
+
+
+def sqrt(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    return _unary_like(ctx, Op.SQRT, a, inplace=inplace)
+
+
+def unary(ctx, a: Tensor, fn: UnaryOp, inplace: bool = False) -> Tensor:
+    """An element-wise function of UnaryOp (ggml_unary)."""
+    fn = UnaryOp(fn)
+    _check(a.is_contiguous(1), fn.name.lower(), f"{_ne(a)} nb={list(a.nb)} must have packed rows "
+           f"beyond dimension 1")
+    return _unary_like(ctx, Op.UNARY, a, (int(fn),), inplace)
+
+
+def _unary_fn(fn: UnaryOp):
+    def build(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+        return unary(ctx, a, fn, inplace)
+    build.__name__ = fn.name.lower()
+    build.__doc__ = f"Element-wise {fn.name} (Op.UNARY)."
+    return build
+
+
+abs_ = _unary_fn(UnaryOp.ABS)
+neg = _unary_fn(UnaryOp.NEG)
+tanh = _unary_fn(UnaryOp.TANH)
+relu = _unary_fn(UnaryOp.RELU)
+sigmoid = _unary_fn(UnaryOp.SIGMOID)
+gelu = _unary_fn(UnaryOp.GELU)
+silu = _unary_fn(UnaryOp.SILU)
+exp = _unary_fn(UnaryOp.EXP)
+sgn = _unary_fn(UnaryOp.SGN)
+step = _unary_fn(UnaryOp.STEP)
+elu = _unary_fn(UnaryOp.ELU)
+gelu_erf = _unary_fn(UnaryOp.GELU_ERF)
+gelu_quick = _unary_fn(UnaryOp.GELU_QUICK)
+hardswish = _unary_fn(UnaryOp.HARDSWISH)
+hardsigmoid = _unary_fn(UnaryOp.HARDSIGMOID)
+expm1 = _unary_fn(UnaryOp.EXPM1)
+softplus = _unary_fn(UnaryOp.SOFTPLUS)
+floor = _unary_fn(UnaryOp.FLOOR)
+ceil = _unary_fn(UnaryOp.CEIL)
+round_ = _unary_fn(UnaryOp.ROUND)
+trunc = _unary_fn(UnaryOp.TRUNC)
+
+
+def glu(ctx, a: Tensor, fn: GluOp, swapped: bool = False) -> Tensor:
+    """Fused GLU: ``a``'s rows hold [x, gate] (or [gate, x] if swapped); result = act(x) * gate."""
+    fn = GluOp(fn)
+    _check(a.is_contiguous(1), fn.name.lower(), f"{_ne(a)} must have packed rows beyond dim 1")
+    _check(a.ne[0] % 2 == 0, fn.name.lower(), f"{_ne(a)}: ne[0] must be even to split in halves")
+    ne = (a.ne[0] // 2,) + a.ne[1:]
+    return _result(ctx, Op.GLU, a.type, ne, [a], (int(fn), int(bool(swapped))))
+
+
+def glu_split(ctx, a: Tensor, b: Tensor, fn: GluOp) -> Tensor:
+    """Split GLU: act(a) * b for same-shape ``a`` and ``b``."""
+    fn = GluOp(fn)
+    name = fn.name.lower()
+    _check(a.is_contiguous(1) and b.is_contiguous(1), name, f"{_ne(a)} and {_ne(b)} must have "
+           f"packed rows beyond dim 1")
+    _check(a.same_shape(b), name, f"{_ne(a)} and {_ne(b)} must have the same shape")
+    _check(a.type == b.type, name, f"types differ: {a.type} and {b.type}", TensorTypeError)
+    return _result(ctx, Op.GLU, a.type, a.ne, [a, b], (int(fn), 0))
+
+
+def swiglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    return glu(ctx, a, GluOp.SWIGLU, swapped) if b is None else glu_split(ctx, a, b, GluOp.SWIGLU)
+
+
+def geglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    return glu(ctx, a, GluOp.GEGLU, swapped) if b is None else glu_split(ctx, a, b, GluOp.GEGLU)
