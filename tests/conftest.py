@@ -60,6 +60,16 @@ def compute(backend, build: Callable, *arrays: np.ndarray,
         buf.close()
 
 
+@pytest.fixture(scope="session")
+def ggml_backend():
+    """ggml's own CPU backend (the oracle), when the optional ggml-python package is installed."""
+    ggml = pytest.importorskip("ggml", reason="ggml-python (the optional ggml oracle) is not "
+                               "installed")
+    backend = ggml.ggml_backend_cpu_init()
+    yield backend
+    ggml.ggml_backend_free(backend)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

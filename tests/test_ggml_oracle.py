@@ -24,13 +24,6 @@ ggml = pytest.importorskip("ggml", reason="ggml-python (the optional ggml oracle
 pytestmark = pytest.mark.ggml
 
 
-@pytest.fixture(scope="module")
-def ggml_backend():
-    backend = ggml.ggml_backend_cpu_init()
-    yield backend
-    ggml.ggml_backend_free(backend)
-
-
 def ggml_compute(backend, build, arrays, types):
     """Compute build(ctx, *tensors) on ggml's CPU backend; returns the output as float32/int."""
     params = ggml.ggml_init_params(mem_size=ggml.ggml_tensor_overhead() * 256
@@ -50,7 +43,8 @@ def ggml_compute(backend, build, arrays, types):
             ggml.ggml_backend_tensor_set(t, data.ctypes.data_as(ctypes.c_void_p), 0, data.nbytes)
         ggml.ggml_backend_graph_compute(backend, graph)
         ne = tuple(out.contents.ne[i] for i in range(4))
-        dtype = np.int32 if out.contents.type == int(GGMLType.I32) else np.float32
+        dtype = {int(GGMLType.I32): np.int32, int(GGMLType.I64): np.int64}.get(
+            out.contents.type, np.float32)
         result = np.empty(ne[::-1], dtype)
         ggml.ggml_backend_tensor_get(out, result.ctypes.data_as(ctypes.c_void_p), 0, result.nbytes)
         ggml.ggml_backend_buffer_free(buf)
@@ -67,11 +61,15 @@ def arr_ne(arr, ty):
     return tuple(arr.shape[::-1]) + (1,) * (4 - arr.ndim)
 
 
-def check(cpu, ggml_backend, ours, theirs, arrays, types, threshold=1e-7):
+def check(cpu, ggml_backend, ours, theirs, arrays, types, threshold=1e-7, post=None):
+    """ours and theirs agree within ``threshold`` (NMSE) on ``arrays``; ``post`` maps both
+    results first (e.g. sorts where ggml leaves an order open)."""
     ref = ggml_compute(ggml_backend, theirs, arrays, types)
     pd_arrays = [a.tobytes() if t.traits.is_quantized else a for a, t in zip(arrays, types)]
     out = _compute_raw(cpu, ours, pd_arrays, arrays, types)
     assert out.shape == ref.shape
+    if post is not None:
+        out, ref = post(out), post(ref)
     err = nmse(out, ref)
     assert err <= threshold, f"NMSE vs ggml {err:.3e} > {threshold:.0e}"
 

@@ -1,4 +1,5 @@
-"""Element-wise kernels: binary arithmetic with repeat, SCALE, SQR, SQRT, UNARY and GLU.
+"""Element-wise kernels: binary arithmetic with repeat, ADD1, SCALE, SQR, SQRT, LOG, SIN, COS,
+CLAMP, LEAKY_RELU, FILL, UNARY and GLU.
 
 Every function here is written against the array module ``xp`` (numpy or CuPy). Half-precision
 tensors are computed in float32 and rounded once when stored, as ggml does.
@@ -154,18 +155,59 @@ UNARY_FUNCTIONS: dict[UnaryOp, Callable[[Any, Any, Any], None]] = {
 }
 
 
-def bind_unary(env, node: Tensor) -> Callable[[], None]:
-    xp = env.xp
-    fn = UNARY_FUNCTIONS[UnaryOp(node.op_params[0])]
-    d, a = env.view(node), env.view(node.src[0])
+def _map_float32(xp, d, a, fn: Callable[[Any, Any], None]) -> Callable[[], None]:
+    """The call computing ``fn(x, out)`` from ``a`` into ``d``: directly for float32, else in
+    float32 rounded once on store (ggml's half-precision rule)."""
     if d.dtype == xp.float32 and a.dtype == xp.float32:
-        return lambda: fn(xp, a, d)
+        return lambda: fn(a, d)
 
     def run() -> None:
         x = a.astype(xp.float32)
-        fn(xp, x, x)
+        fn(x, x)
         xp.copyto(d, x, casting="unsafe")
     return run
+
+
+def bind_unary(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    fn = UNARY_FUNCTIONS[UnaryOp(node.op_params[0])]
+    return _map_float32(xp, env.view(node), env.view(node.src[0]), lambda x, out: fn(xp, x, out))
+
+
+_UFUNCS = {Op.LOG: "log", Op.SIN: "sin", Op.COS: "cos"}
+
+
+def bind_ufunc(env, node: Tensor) -> Callable[[], None]:
+    """LOG, SIN and COS."""
+    fn = getattr(env.xp, _UFUNCS[node.op])
+    return _map_float32(env.xp, env.view(node), env.view(node.src[0]),
+                        lambda x, out: fn(x, out=out))
+
+
+def bind_clamp(env, node: Tensor) -> Callable[[], None]:
+    lo, hi = node.op_params
+    d, a = env.view(node), env.view(node.src[0])
+    return lambda: env.xp.clip(a, lo, hi, out=d)
+
+
+def bind_leaky_relu(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    (slope,) = node.op_params
+
+    def leaky(x, out):
+        xp.copyto(out, xp.where(x > 0, x, x * xp.float32(slope)))
+    return _map_float32(xp, env.view(node), env.view(node.src[0]), leaky)
+
+
+def bind_add1(env, node: Tensor) -> Callable[[], None]:
+    d, a, b = env.view(node), env.view(node.src[0]), env.view(node.src[1])
+    return lambda: env.xp.add(a, b, out=d, casting="unsafe")
+
+
+def bind_fill(env, node: Tensor) -> Callable[[], None]:
+    (c,) = node.op_params
+    d = env.view(node)
+    return lambda: d.fill(c)
 
 
 GLU_ACTIVATIONS = {
@@ -177,9 +219,35 @@ GLU_ACTIVATIONS = {
 }
 
 
+GLU_FUNCTIONS = frozenset(GLU_ACTIVATIONS) | {GluOp.SWIGLU_OAI}
+
+
+def _glu_combine(xp, node: Tensor) -> Callable[[Any, Any], Any]:
+    """f(x, g) -> result for the node's GLU; x is a float32 copy the function may overwrite."""
+    fn = GluOp(node.op_params[0])
+    if fn == GluOp.SWIGLU_OAI:
+        alpha, limit = node.op_params[2], node.op_params[3]
+
+        def swiglu_oai(x, g):
+            xp.minimum(x, limit, out=x)
+            e = xp.exp(x * xp.float32(-alpha))
+            e += 1
+            x /= e
+            x *= xp.clip(g, -limit, limit) + xp.float32(1)
+            return x
+        return swiglu_oai
+    act = UNARY_FUNCTIONS[GLU_ACTIVATIONS[fn]]
+
+    def gated(x, g):
+        act(xp, x, x)
+        x *= g
+        return x
+    return gated
+
+
 def bind_glu(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    act = UNARY_FUNCTIONS[GLU_ACTIVATIONS[GluOp(node.op_params[0])]]
+    combine = _glu_combine(xp, node)
     swapped = bool(node.op_params[1])
     d, a = env.view(node), env.view(node.src[0])
     if len(node.src) > 1 and node.src[1] is not None:
@@ -189,10 +257,4 @@ def bind_glu(env, node: Tensor) -> Callable[[], None]:
         x, g = a[..., :n], a[..., n:]
         if swapped:
             x, g = g, x
-
-    def run() -> None:
-        y = x.astype(xp.float32)
-        act(xp, y, y)
-        y *= g
-        xp.copyto(d, y, casting="unsafe")
-    return run
+    return lambda: xp.copyto(d, combine(x.astype(xp.float32), g), casting="unsafe")

@@ -53,3 +53,11 @@ def values_of(env: ArrayEnv, t: Tensor) -> Any:
     if not needs_codec(t.type):
         return env.view(t)
     return env.dequantize(storage(env, t), t.type).reshape(t.shape)
+
+
+def window(env: ArrayEnv, t: Tensor, ne, nb, offset: int) -> Any:
+    """A zero-copy view of ``t``'s memory at byte ``offset`` with its own shape and strides
+    (ggml's ACC/SET window); the caller has checked it lies inside ``t``."""
+    w = Tensor(t.type, ne, nb, t.op)
+    w.buffer, w.offset = t.buffer, t.offset + offset
+    return env.view(w)

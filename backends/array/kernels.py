@@ -14,7 +14,8 @@ from polydev.ops import GluOp, Op, UnaryOp
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
-from . import elementwise, matmul, movement, norm, reduce, rope, softmax
+from . import (elementwise, generate, matmul, movement, norm, reduce, resample, rope, softmax,
+               sort)
 from .env import needs_codec
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
@@ -98,7 +99,7 @@ def _soft_max_ok(node: Tensor) -> bool:
 
 
 def _glu_ok(node: Tensor) -> bool:
-    return _float_same(node) and GluOp(node.op_params[0]) in elementwise.GLU_ACTIVATIONS
+    return _float_same(node) and GluOp(node.op_params[0]) in elementwise.GLU_FUNCTIONS
 
 
 def needs_codec_any(node: Tensor) -> bool:
@@ -117,6 +118,13 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.SCALE: Kernel(elementwise.bind_scale, _float_same),
     Op.SQR: Kernel(elementwise.bind_sqr, _float_same),
     Op.SQRT: Kernel(elementwise.bind_sqrt, _float_same),
+    Op.LOG: Kernel(elementwise.bind_ufunc, _float_same),
+    Op.SIN: Kernel(elementwise.bind_ufunc, _float_same),
+    Op.COS: Kernel(elementwise.bind_ufunc, _float_same),
+    Op.CLAMP: Kernel(elementwise.bind_clamp, _float_same),
+    Op.LEAKY_RELU: Kernel(elementwise.bind_leaky_relu, _float_same),
+    Op.ADD1: Kernel(elementwise.bind_add1, _float_same),
+    Op.FILL: Kernel(elementwise.bind_fill, _float_same),
     Op.SUM: Kernel(reduce.bind_sum, _float_same),
     Op.SUM_ROWS: Kernel(reduce.bind_sum_rows, _float_same),
     Op.MEAN: Kernel(reduce.bind_mean, lambda n: n.src[0].type in FLOATS),
@@ -124,17 +132,32 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.REPEAT: Kernel(movement.bind_repeat, lambda n: not needs_codec_any(n)),
     Op.CONCAT: Kernel(movement.bind_concat, lambda n: not needs_codec_any(n)),
     Op.PAD: Kernel(movement.bind_pad, _float_same),
+    Op.PAD_REFLECT_1D: Kernel(movement.bind_pad_reflect_1d, _f32_only),
+    Op.ROLL: Kernel(movement.bind_roll, _f32_only),
+    Op.ACC: Kernel(movement.bind_window, _f32_only),
+    Op.SET: Kernel(movement.bind_window, lambda n: not needs_codec_any(n)),
+    Op.UPSCALE: Kernel(resample.bind_upscale, _f32_only),
+    Op.ARANGE: Kernel(generate.bind_arange, lambda n: n.type == F32),
+    Op.TIMESTEP_EMBEDDING: Kernel(generate.bind_timestep_embedding, _f32_only),
+    Op.CUMSUM: Kernel(reduce.bind_cumsum, _f32_only),
+    Op.COUNT_EQUAL: Kernel(reduce.bind_count_equal, lambda n: n.src[0].type == I32),
+    Op.ARGSORT: Kernel(sort.bind_argsort, lambda n: n.src[0].type == F32),
+    Op.TOP_K: Kernel(sort.bind_top_k, lambda n: n.src[0].type == F32),
     Op.NORM: Kernel(norm.bind_norm, _f32_only),
+    Op.L2_NORM: Kernel(norm.bind_l2_norm, _f32_only),
+    Op.GROUP_NORM: Kernel(norm.bind_group_norm, _f32_only),
     Op.RMS_NORM: Kernel(norm.bind_rms_norm, _f32_only),
     Op.MUL_MAT: Kernel(matmul.bind_mul_mat, _mul_mat_ok),
     Op.GET_ROWS: Kernel(movement.bind_get_rows, _get_rows_ok),
+    Op.GET_ROWS_BACK: Kernel(movement.bind_get_rows_back,
+                             lambda n: n.src[0].type in FLOATS and n.src[1].type == I32),
     Op.SET_ROWS: Kernel(movement.bind_set_rows, _set_rows_ok),
     Op.DIAG_MASK_INF: Kernel(softmax.bind_diag_mask_inf, _f32_only),
     Op.SOFT_MAX: Kernel(softmax.bind_soft_max, _soft_max_ok),
     Op.ROPE: Kernel(rope.bind_rope, _rope_ok),
     **{(Op.UNARY, fn): Kernel(elementwise.bind_unary, _float_same)
        for fn in elementwise.UNARY_FUNCTIONS},
-    **{(Op.GLU, fn): Kernel(elementwise.bind_glu, _glu_ok) for fn in elementwise.GLU_ACTIVATIONS},
+    **{(Op.GLU, fn): Kernel(elementwise.bind_glu, _glu_ok) for fn in elementwise.GLU_FUNCTIONS},
 }
 
 # view ops compute nothing: their memory is their source's

@@ -1,14 +1,16 @@
-"""Data movement: DUP/CONT/CPY with type conversion, REPEAT, CONCAT, PAD, GET_ROWS, SET_ROWS."""
+"""Data movement: DUP/CONT/CPY with type conversion, REPEAT, CONCAT, PAD, PAD_REFLECT_1D, ROLL,
+ACC, SET, GET_ROWS, GET_ROWS_BACK and SET_ROWS."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from polydev.errors import OutOfBoundsError
+from polydev.ops import Op
 from polydev.tensor import Tensor
 
 from .broadcast import repeat_views
-from .env import needs_codec, storage, values_of
+from .env import needs_codec, same_memory, storage, values_of, window
 
 
 def _in_element_order(values, shape):
@@ -53,7 +55,6 @@ def bind_concat(env, node: Tensor) -> Callable[[], None]:
     return run
 
 
-
 def bind_pad(env, node: Tensor) -> Callable[[], None]:
     """PAD: the source in the middle, zeros (or, circular, wrapped values) around it."""
     xp = env.xp
@@ -68,7 +69,8 @@ def bind_pad(env, node: Tensor) -> Callable[[], None]:
             xp.copyto(d, a[xp.ix_(*index)], casting="unsafe")
         return run_circular
     centre = tuple(slice(left[k], left[k] + a.shape[k]) for k in range(4))
-    borders = []          # the padding as disjoint slabs: axis k's slabs span the centre of axes < k
+    # the padding as disjoint slabs: axis k's slabs span the centre of axes < k
+    borders = []
     for k in range(4):
         head = centre[:k]
         if left[k] > 0:
@@ -82,6 +84,70 @@ def bind_pad(env, node: Tensor) -> Callable[[], None]:
             slab.fill(0)
         xp.copyto(inner, a, casting="unsafe")
     return run
+
+
+def bind_pad_reflect_1d(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    p0, p1 = node.op_params
+    a, d = env.view(node.src[0]), env.view(node)
+    n = a.shape[-1]
+    inner = d[..., p0:p0 + n]
+    # the mirrored edges exclude the edge element itself: d[p0 - i] = a[i], d[p0+n-1 + i] = a[n-1-i]
+    left, left_src = d[..., :p0], a[..., p0:0:-1]
+    right, right_src = d[..., p0 + n:], a[..., n - 2:n - 2 - p1:-1] if n - 2 - p1 >= 0 \
+        else a[..., n - 2::-1]
+
+    def run() -> None:
+        xp.copyto(inner, a)
+        xp.copyto(left, left_src)
+        xp.copyto(right, right_src)
+    return run
+
+
+def _roll_pieces(d, a, shifts_by_axis):
+    """(destination, source) slab pairs that together rotate ``a`` into ``d``."""
+    pairs = [((), ())]
+    for axis, shift in enumerate(shifts_by_axis):
+        n = a.shape[axis]
+        s = shift % n
+        if s == 0:
+            pairs = [(dk + (slice(None),), sk + (slice(None),)) for dk, sk in pairs]
+            continue
+        splits = [(slice(s, None), slice(0, n - s)), (slice(0, s), slice(n - s, None))]
+        pairs = [(dk + (ds,), sk + (ss,)) for dk, sk in pairs for ds, ss in splits]
+    return [(d[dk], a[sk]) for dk, sk in pairs]
+
+
+def bind_roll(env, node: Tensor) -> Callable[[], None]:
+    """ROLL: d[i] = a[(i - shift) mod n] along each dimension, as at most 16 slab copies."""
+    xp = env.xp
+    pieces = _roll_pieces(env.view(node), env.view(node.src[0]), node.op_params[::-1])
+
+    def run() -> None:
+        for dst, src in pieces:
+            xp.copyto(dst, src)
+    return run
+
+
+def bind_window(env, node: Tensor) -> Callable[[], None]:
+    """ACC and SET: copy a (unless in place), then add or write b into the strided window."""
+    xp = env.xp
+    a_t, b_t = node.src[0], node.src[1]
+    nb1, nb2, nb3, offset, _ = node.op_params
+    d, a, b = env.view(node), env.view(a_t), env.view(b_t)
+    target = window(env, node, b_t.ne, (node.traits.type_size, nb1, nb2, nb3), offset)
+    copy_first = not same_memory(node, a_t)
+    accumulate = node.op == Op.ACC
+
+    def run() -> None:
+        if copy_first:
+            xp.copyto(d, a)
+        if accumulate:
+            xp.add(target, b, out=target)
+        else:
+            xp.copyto(target, b)
+    return run
+
 
 def _check_indices(xp, idx, limit: int, op: str) -> None:
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= limit):
@@ -136,4 +202,17 @@ def bind_set_rows(env, node: Tensor) -> Callable[[], None]:
         if encode:
             values = env.quantize(xp.ascontiguousarray(rows, dtype=xp.float32), node.type)
         dst[i3, i2, idx] = values
+    return run
+
+
+def bind_get_rows_back(env, node: Tensor) -> Callable[[], None]:
+    """GET_ROWS_BACK: zero the result, then add row i of a into row b[i] (repeats add up)."""
+    xp = env.xp
+    a, idx = env.view(node.src[0])[0, 0], env.view(node.src[1]).reshape(-1)
+    d = env.view(node)[0, 0]
+
+    def run() -> None:
+        _check_indices(xp, idx, d.shape[0], "get_rows_back")
+        d.fill(0)
+        xp.add.at(d, idx, a)
     return run

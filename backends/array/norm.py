@@ -1,4 +1,5 @@
-"""Row normalisation: NORM and RMS_NORM (float32, as ggml's CPU kernels)."""
+"""Normalisation: NORM, RMS_NORM, L2_NORM over rows and GROUP_NORM over groups of channels
+(float32, as ggml's CPU kernels)."""
 
 from __future__ import annotations
 
@@ -33,4 +34,46 @@ def bind_rms_norm(env, node: Tensor) -> Callable[[], None]:
         ms += eps
         xp.sqrt(ms, out=ms)
         xp.divide(a, ms, out=d)
+    return run
+
+
+def bind_l2_norm(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    (eps,) = node.op_params
+    d, a = env.view(node), env.view(node.src[0])
+
+    def run() -> None:
+        length = xp.sqrt(xp.square(a).sum(axis=-1, keepdims=True, dtype=xp.float64))
+        xp.multiply(a, (1.0 / xp.maximum(length, eps)).astype(xp.float32), out=d)
+    return run
+
+
+def _channel_groups(n_channels: int, n_groups: int) -> tuple[list[int], list[int]]:
+    """ggml's grouping: ceil(C / G) channels per group, the last groups shorter or empty."""
+    per_group = -(-n_channels // n_groups)
+    starts = [g * per_group for g in range(n_groups) if g * per_group < n_channels]
+    sizes = [min(per_group, n_channels - s) for s in starts]
+    return starts, sizes
+
+
+def bind_group_norm(env, node: Tensor) -> Callable[[], None]:
+    """GROUP_NORM: per dim-3 index and channel group, (x - mean) / sqrt(var + eps)."""
+    xp = env.xp
+    n_groups, eps = node.op_params
+    d, a = env.view(node), env.view(node.src[0])        # (n3, channels, n1, n0)
+    starts, sizes = _channel_groups(a.shape[1], n_groups)
+    counts = xp.asarray([s * a.shape[2] * a.shape[3] for s in sizes], dtype=xp.float64)
+    starts_xp = xp.asarray(starts)
+    # each channel's group, to spread per-group statistics back over the channels
+    spread = xp.asarray(sum(([g] * s for g, s in enumerate(sizes)), []))
+
+    def per_group(channel_sums):
+        return xp.add.reduceat(channel_sums, starts_xp, axis=1) / counts
+
+    def run() -> None:
+        mean = per_group(a.sum(axis=(2, 3), dtype=xp.float64))[:, spread, None, None]
+        centered = (a - mean.astype(xp.float32))
+        var = per_group(xp.square(centered).sum(axis=(2, 3), dtype=xp.float64))
+        scale = (1.0 / xp.sqrt(var + eps)).astype(xp.float32)[:, spread, None, None]
+        xp.multiply(centered, scale, out=d)
     return run

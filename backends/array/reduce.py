@@ -1,4 +1,4 @@
-"""Reductions: SUM, SUM_ROWS, MEAN, ARGMAX."""
+"""Reductions and scans: SUM, SUM_ROWS, MEAN, ARGMAX, CUMSUM, COUNT_EQUAL."""
 
 from __future__ import annotations
 
@@ -38,3 +38,14 @@ def bind_argmax(env, node: Tensor) -> Callable[[], None]:
     d, a = env.view(node), env.view(node.src[0])
     rows, out = a.reshape(a.shape[-2:]), d.reshape(-1)
     return lambda: xp.copyto(out, xp.argmax(rows, axis=-1), casting="unsafe")
+
+
+def bind_cumsum(env, node: Tensor) -> Callable[[], None]:
+    d, a = env.view(node), env.view(node.src[0])
+    return lambda: env.xp.cumsum(a, axis=-1, out=d)
+
+
+def bind_count_equal(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    d, a, b = env.view(node).reshape(()), env.view(node.src[0]), env.view(node.src[1])
+    return lambda: xp.copyto(d, xp.count_nonzero(a == b))

@@ -11,6 +11,7 @@ from ._build import _pad4  # noqa: F401  (Context validates shapes with it)
 from .attention import *  # noqa: F401,F403
 from .catalogue import *  # noqa: F401,F403
 from .elementwise import *  # noqa: F401,F403
+from .generate import *  # noqa: F401,F403
 from .matmul import *  # noqa: F401,F403
 from .norm import *  # noqa: F401,F403
 from .reduce import *  # noqa: F401,F403

@@ -7,7 +7,8 @@ import enum
 from ..tensor import Tensor
 
 __all__ = [
-    "Op", "UnaryOp", "GluOp", "RopeMode", "VIEW_OPS", "INPLACE_OPS", "is_view_op", "op_desc",
+    "Op", "UnaryOp", "GluOp", "RopeMode", "ScaleMode", "SortOrder", "VIEW_OPS", "INPLACE_OPS",
+    "is_view_op", "op_desc",
 ]
 
 
@@ -48,6 +49,20 @@ class RopeMode(enum.IntEnum):
     MROPE = 8
     VISION = 24
     IMROPE = 40
+
+
+class ScaleMode(enum.IntFlag):
+    """UPSCALE's interpolation (low byte) and flags (op_params[0])."""
+    NEAREST = 0
+    BILINEAR = 1
+    BICUBIC = 2
+    ALIGN_CORNERS = 1 << 8
+    ANTIALIAS = 1 << 9
+
+
+class SortOrder(enum.IntEnum):
+    ASC = 0
+    DESC = 1
 
 
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})

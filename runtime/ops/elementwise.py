@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import TensorTypeError
+from ..errors import InvalidArgumentError, TensorTypeError
 from ..tensor import Tensor
+from ..types import GGMLType
 from ._build import _check, _ne, _result, _unary_like
 from .catalogue import GluOp, Op, UnaryOp
 
@@ -11,7 +12,8 @@ __all__ = [
     "add", "sub", "mul", "div", "scale", "sqr", "sqrt", "unary", "abs_", "neg", "tanh", "relu",
     "sigmoid", "gelu", "silu", "exp", "sgn", "step", "elu", "gelu_erf", "gelu_quick",
     "hardswish", "hardsigmoid", "expm1", "softplus", "floor", "ceil", "round_", "trunc", "glu",
-    "glu_split", "swiglu", "geglu",
+    "glu_split", "swiglu", "geglu", "reglu", "geglu_erf", "geglu_quick", "swiglu_oai", "add1",
+    "log", "sin", "cos", "clamp", "leaky_relu", "fill",
 ]
 
 
@@ -120,3 +122,65 @@ def swiglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Te
 
 def geglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
     return glu(ctx, a, GluOp.GEGLU, swapped) if b is None else glu_split(ctx, a, b, GluOp.GEGLU)
+
+
+def reglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    return glu(ctx, a, GluOp.REGLU, swapped) if b is None else glu_split(ctx, a, b, GluOp.REGLU)
+
+
+def geglu_erf(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    return glu(ctx, a, GluOp.GEGLU_ERF, swapped) if b is None \
+        else glu_split(ctx, a, b, GluOp.GEGLU_ERF)
+
+
+def geglu_quick(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    return glu(ctx, a, GluOp.GEGLU_QUICK, swapped) if b is None \
+        else glu_split(ctx, a, b, GluOp.GEGLU_QUICK)
+
+
+def swiglu_oai(ctx, a: Tensor, b: Tensor | None = None, alpha: float = 1.702,
+               limit: float = 7.0, swapped: bool = False) -> Tensor:
+    """gpt-oss's clamped SwiGLU: x = min(x, limit), g = clamp(g, -limit, limit),
+    result = x * sigmoid(alpha * x) * (g + 1). op_params: [fn, swapped, alpha, limit]."""
+    t = glu(ctx, a, GluOp.SWIGLU_OAI, swapped) if b is None \
+        else glu_split(ctx, a, b, GluOp.SWIGLU_OAI)
+    t.op_params = t.op_params[:2] + (float(alpha), float(limit))
+    return t
+
+
+def add1(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """a + b for a one-element tensor ``b``."""
+    _check(b.nelements == 1, "add1", f"{_ne(b)} must be a scalar")
+    _check(a.nb[0] == a.traits.type_size, "add1", f"{_ne(a)} must have packed elements")
+    return _unary_like(ctx, Op.ADD1, a, inplace=inplace, srcs=[a, b])
+
+
+def log(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    return _unary_like(ctx, Op.LOG, a, inplace=inplace)
+
+
+def sin(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    return _unary_like(ctx, Op.SIN, a, inplace=inplace)
+
+
+def cos(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    return _unary_like(ctx, Op.COS, a, inplace=inplace)
+
+
+def clamp(ctx, a: Tensor, min_: float, max_: float) -> Tensor:
+    """Clamp to [min_, max_]. As in ggml the result is a view of ``a``: it clamps in place."""
+    _check(min_ <= max_, "clamp", f"min {min_} > max {max_}", InvalidArgumentError)
+    return _unary_like(ctx, Op.CLAMP, a, (float(min_), float(max_)), inplace=True)
+
+
+def leaky_relu(ctx, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
+    """x for x > 0, negative_slope * x otherwise."""
+    return _unary_like(ctx, Op.LEAKY_RELU, a, (float(negative_slope),), inplace)
+
+
+def fill(ctx, a: Tensor, c: float, inplace: bool = False) -> Tensor:
+    """A tensor of ``a``'s shape with every element ``c``."""
+    _check(a.type in (GGMLType.F32, GGMLType.F16), "fill", f"{_ne(a)} must be f32 or f16, got "
+           f"{a.type}", TensorTypeError)
+    _check(a.is_contiguous(), "fill", f"{_ne(a)} must be contiguous")
+    return _unary_like(ctx, Op.FILL, a, (float(c),), inplace)

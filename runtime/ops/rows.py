@@ -9,7 +9,7 @@ from ._build import _check, _ne, _result, view_tensor
 from .catalogue import Op
 
 __all__ = [
-    "get_rows", "set_rows",
+    "get_rows", "set_rows", "get_rows_back",
 ]
 
 
@@ -40,3 +40,15 @@ def set_rows(ctx, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     t = view_tensor(ctx, a)
     t.op, t.src = Op.SET_ROWS, [b, c, a]
     return t
+
+
+def get_rows_back(ctx, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """The gradient of get_rows: an F32 matrix shaped like ``c`` whose row r is the sum of the
+    rows i of ``a`` with b[i] == r."""
+    _check(a.ne[2] == a.ne[3] == 1 and c.ne[2] == c.ne[3] == 1, "get_rows_back",
+           f"{_ne(a)} and {_ne(c)} must be matrices")
+    _check(b.type == GGMLType.I32 and b.ne[1:] == (1, 1, 1) and b.ne[0] == a.ne[1],
+           "get_rows_back", f"indices {_ne(b)} must be an i32 vector, one per row of {_ne(a)}",
+           TensorTypeError)
+    _check(a.ne[0] == c.ne[0], "get_rows_back", f"{_ne(a)} and {_ne(c)} differ in ne[0]")
+    return _result(ctx, Op.GET_ROWS_BACK, GGMLType.F32, (c.ne[0], c.ne[1]), [a, b])

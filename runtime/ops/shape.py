@@ -1,14 +1,17 @@
-"""Ops that rearrange or extend a tensor's elements: repeat, concat, pad."""
+"""Ops that rearrange, extend or overwrite a tensor's elements: repeat, concat, pad, roll,
+upscale, and acc/set (which write into a strided window of a copy of ``a``)."""
 
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError, TensorTypeError
 from ..tensor import MAX_DIMS, Tensor
-from ._build import _check, _ne, _result
-from .catalogue import Op
+from ..types import GGMLType
+from ._build import _check, _ne, _result, _unary_like
+from .catalogue import Op, ScaleMode
 
 __all__ = [
-    "repeat", "concat", "pad_ext", "pad", "pad_circular",
+    "repeat", "concat", "pad_ext", "pad", "pad_circular", "pad_reflect_1d", "roll", "interpolate",
+    "upscale", "acc", "set_", "set_1d", "set_2d",
 ]
 
 
@@ -51,3 +54,100 @@ def pad(ctx, a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0) -> T
 def pad_circular(ctx, a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0) -> Tensor:
     """``a`` with p_i wrapped-around values appended to dimension i."""
     return pad_ext(ctx, a, 0, p0, 0, p1, 0, p2, 0, p3, circular=True)
+
+
+def pad_reflect_1d(ctx, a: Tensor, p0: int, p1: int) -> Tensor:
+    """``a``'s rows extended by p0/p1 mirrored values (the edge not repeated), as np.pad's
+    "reflect"; each must be shorter than the row."""
+    _check(0 <= p0 < a.ne[0] and 0 <= p1 < a.ne[0], "pad_reflect_1d",
+           f"paddings {p0}, {p1} must be in [0, ne[0]) for {_ne(a)}", InvalidArgumentError)
+    _check(a.type == GGMLType.F32, "pad_reflect_1d", f"{_ne(a)} must be f32, got {a.type}",
+           TensorTypeError)
+    _check(a.is_contiguous(), "pad_reflect_1d", f"{_ne(a)} must be contiguous")
+    return _result(ctx, Op.PAD_REFLECT_1D, a.type, (a.ne[0] + p0 + p1,) + a.ne[1:], [a],
+                   (int(p0), int(p1)))
+
+
+def roll(ctx, a: Tensor, shift0: int = 0, shift1: int = 0, shift2: int = 0,
+         shift3: int = 0) -> Tensor:
+    """``a`` rotated by shift_i along dimension i (element i moves to i + shift, np.roll)."""
+    shifts = (shift0, shift1, shift2, shift3)
+    _check(a.nb[0] == a.traits.type_size, "roll", f"{_ne(a)} must have packed elements")
+    _check(all(abs(s) < n for s, n in zip(shifts, a.ne)), "roll",
+           f"shifts {list(shifts)} must be smaller than {_ne(a)}", InvalidArgumentError)
+    return _result(ctx, Op.ROLL, a.type, a.ne, [a], tuple(int(s) for s in shifts))
+
+
+def interpolate(ctx, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
+                mode: int = ScaleMode.NEAREST) -> Tensor:
+    """``a`` resampled to [ne0, ne1, ne2, ne3] (ggml_interpolate / ggml_upscale_ext).
+
+    Dimensions 0 and 1 use ``mode`` (nearest, bilinear or bicubic; ALIGN_CORNERS maps the corner
+    pixels onto each other, ANTIALIAS filters bilinear downscales); dimensions 2 and 3 nearest.
+    """
+    base = int(mode) & 0xFF
+    _check(base in (ScaleMode.NEAREST, ScaleMode.BILINEAR, ScaleMode.BICUBIC), "upscale",
+           f"unknown scale mode {base}", InvalidArgumentError)
+    _check(not int(mode) & ScaleMode.ANTIALIAS or base == ScaleMode.BILINEAR, "upscale",
+           "antialiasing is for bilinear only", InvalidArgumentError)
+    _check(a.type == GGMLType.F32, "upscale", f"{_ne(a)} must be f32, got {a.type}",
+           TensorTypeError)
+    ne = (ne0, ne1, ne2, ne3)
+    _check(all(n > 0 for n in ne), "upscale", f"target shape {list(ne)} must be positive")
+    return _result(ctx, Op.UPSCALE, a.type, ne, [a], (int(mode),))
+
+
+def upscale(ctx, a: Tensor, scale_factor: int, mode: int = ScaleMode.NEAREST) -> Tensor:
+    """``a`` with dimensions 0 and 1 multiplied by ``scale_factor``."""
+    _check(scale_factor >= 1, "upscale", f"scale factor {scale_factor} must be >= 1",
+           InvalidArgumentError)
+    return interpolate(ctx, a, a.ne[0] * scale_factor, a.ne[1] * scale_factor, a.ne[2], a.ne[3],
+                       mode)
+
+
+def _window_fits(op: str, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> None:
+    """ggml's bound check: b's last element, placed with strides nb1..3 at ``offset``, is
+    inside ``a``."""
+    _check(offset >= 0 and min(nb1, nb2, nb3) >= 0, op,
+           f"offset {offset} and strides ({nb1}, {nb2}, {nb3}) must be >= 0",
+           InvalidArgumentError)
+    if b.nelements == 0:
+        return
+    strides = (a.traits.type_size, nb1, nb2, nb3)
+    last = offset + sum((n - 1) * s for n, s in zip(b.ne, strides))
+    _check(last + a.traits.type_size <= a.nbytes, op,
+           f"{_ne(b)} with strides ({nb1}, {nb2}, {nb3}) at offset {offset} runs past the end of "
+           f"{_ne(a)} ({a.nbytes} bytes)")
+
+
+def _window_op(ctx, op: Op, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int,
+               inplace: bool) -> Tensor:
+    name = op.name.lower()
+    _check(a.is_contiguous(), name, f"{_ne(a)} must be contiguous")
+    _check(b.nelements <= a.nelements, name, f"{_ne(b)} is larger than {_ne(a)}")
+    _window_fits(name, a, b, nb1, nb2, nb3, offset)
+    return _unary_like(ctx, op, a, (int(nb1), int(nb2), int(nb3), int(offset), int(inplace)),
+                       inplace, srcs=[a, b])
+
+
+def acc(ctx, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int = 0,
+        inplace: bool = False) -> Tensor:
+    """``a`` with ``b`` added into the window of a's bytes at ``offset`` with strides nb1..3."""
+    _check(a.type == GGMLType.F32 and b.type == GGMLType.F32, "acc",
+           f"{_ne(a)} and {_ne(b)} must be f32", TensorTypeError)
+    return _window_op(ctx, Op.ACC, a, b, nb1, nb2, nb3, offset, inplace)
+
+
+def set_(ctx, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int = 0,
+         inplace: bool = False) -> Tensor:
+    """``a`` with ``b`` written into the window of a's bytes at ``offset`` with strides nb1..3."""
+    _check(a.type == b.type, "set", f"types differ: {a.type} and {b.type}", TensorTypeError)
+    return _window_op(ctx, Op.SET, a, b, nb1, nb2, nb3, offset, inplace)
+
+
+def set_1d(ctx, a: Tensor, b: Tensor, offset: int = 0, inplace: bool = False) -> Tensor:
+    return set_(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], offset, inplace)
+
+
+def set_2d(ctx, a: Tensor, b: Tensor, nb1: int, offset: int = 0, inplace: bool = False) -> Tensor:
+    return set_(ctx, a, b, nb1, a.nb[2], a.nb[3], offset, inplace)

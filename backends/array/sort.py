@@ -1,0 +1,36 @@
+"""Row sorting: ARGSORT (ascending or descending) and TOP_K."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from polydev.ops import SortOrder
+from polydev.tensor import Tensor
+
+
+def bind_argsort(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    d, a = env.view(node), env.view(node.src[0])
+    descending = node.op_params[0] == SortOrder.DESC
+
+    def run() -> None:
+        # a stable sort of -a keeps equal values in index order for DESC too
+        keys = -a if descending else a
+        xp.copyto(d, xp.argsort(keys, axis=-1, kind="stable"), casting="unsafe")
+    return run
+
+
+def bind_top_k(env, node: Tensor) -> Callable[[], None]:
+    """TOP_K: partition each row around its k-th largest value, then order the k, largest
+    first (O(n + k log k) per row rather than a full sort)."""
+    xp = env.xp
+    d, a = env.view(node), env.view(node.src[0])
+    k, n = d.shape[-1], a.shape[-1]
+
+    def run() -> None:
+        neg = -a
+        top = xp.argpartition(neg, k - 1, axis=-1)[..., :k] if k < n \
+            else xp.broadcast_to(xp.arange(n), a.shape)
+        order = xp.argsort(xp.take_along_axis(neg, top, axis=-1), axis=-1, kind="stable")
+        xp.copyto(d, xp.take_along_axis(top, order, axis=-1), casting="unsafe")
+    return run

@@ -1,0 +1,116 @@
+"""ggml itself as the oracle for the rest of the op catalogue (see test_ggml_oracle.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polydev import ops
+from polydev.ops import ScaleMode, SortOrder
+
+from test_ggml_oracle import F32, I32, check, ggml, u
+
+pytestmark = pytest.mark.ggml
+
+
+@pytest.mark.parametrize("name,lo", [("log", 0.1), ("sin", -7.0), ("cos", -7.0)])
+def test_log_sin_cos(cpu, ggml_backend, rng, name, lo):
+    a = u(rng, (2, 3, 5, 19), lo, 7.0)
+    check(cpu, ggml_backend, getattr(ops, name), getattr(ggml, f"ggml_{name}"), [a], [F32])
+
+
+def test_clamp_leaky_relu_add1_fill(cpu, ggml_backend, rng):
+    a, b = u(rng, (1, 3, 5, 21), -3, 3), u(rng, (1,))
+    check(cpu, ggml_backend, lambda c, x: ops.clamp(c, x, -0.7, 1.1),
+          lambda c, x: ggml.ggml_clamp(c, x, -0.7, 1.1), [a], [F32], 0.0)
+    check(cpu, ggml_backend, lambda c, x: ops.leaky_relu(c, x, 0.1),
+          lambda c, x: ggml.ggml_leaky_relu(c, x, 0.1, False), [a], [F32])
+    check(cpu, ggml_backend, ops.add1, ggml.ggml_add1, [a, b], [F32, F32])
+    check(cpu, ggml_backend, lambda c, x: ops.fill(c, x, 3.25),
+          lambda c, x: ggml.ggml_fill(c, x, 3.25), [a], [F32], 0.0)
+
+
+def test_swiglu_oai(cpu, ggml_backend, rng):
+    a, b = u(rng, (1, 2, 3, 40), -9, 9), u(rng, (1, 2, 3, 40), -9, 9)
+    check(cpu, ggml_backend, lambda c, x, y: ops.swiglu_oai(c, x, y, 1.702, 7.0),
+          lambda c, x, y: ggml.ggml_swiglu_oai(c, x, y, 1.702, 7.0), [a, b], [F32, F32])
+
+
+def test_norms(cpu, ggml_backend, rng):
+    a = u(rng, (2, 10, 3, 7), -2, 3)
+    check(cpu, ggml_backend, lambda c, x: ops.l2_norm(c, x, 1e-6),
+          lambda c, x: ggml.ggml_l2_norm(c, x, 1e-6), [a], [F32])
+    for groups in (5, 3, 10):
+        check(cpu, ggml_backend, lambda c, x: ops.group_norm(c, x, groups, 1e-5),
+              lambda c, x: ggml.ggml_group_norm(c, x, groups, 1e-5), [a], [F32])
+
+
+def test_pad_reflect_roll(cpu, ggml_backend, rng):
+    a = u(rng, (2, 3, 4, 9))
+    check(cpu, ggml_backend, lambda c, x: ops.pad_reflect_1d(c, x, 4, 8),
+          lambda c, x: ggml.ggml_pad_reflect_1d(c, x, 4, 8), [a], [F32], 0.0)
+    check(cpu, ggml_backend, lambda c, x: ops.roll(c, x, -4, 2, 1, 1),
+          lambda c, x: ggml.ggml_roll(c, x, -4, 2, 1, 1), [a], [F32], 0.0)
+
+
+def test_acc_and_set(cpu, ggml_backend, rng):
+    a, b = u(rng, (2, 3, 5, 10)), u(rng, (2, 2, 3, 4))
+    args = (80, 200, 600, 52)
+    check(cpu, ggml_backend, lambda c, x, y: ops.acc(c, x, y, *args),
+          lambda c, x, y: ggml.ggml_acc(c, x, y, *args), [a, b], [F32, F32])
+    check(cpu, ggml_backend, lambda c, x, y: ops.set_(c, x, y, *args),
+          lambda c, x, y: ggml.ggml_set(c, x, y, *args), [a, b], [F32, F32], 0.0)
+
+
+@pytest.mark.parametrize("mode", [ScaleMode.NEAREST, ScaleMode.BILINEAR, ScaleMode.BICUBIC,
+                                  ScaleMode.BILINEAR | ScaleMode.ALIGN_CORNERS,
+                                  ScaleMode.NEAREST | ScaleMode.ALIGN_CORNERS],
+                         ids=["nearest", "bilinear", "bicubic", "bilinear-ac", "nearest-ac"])
+@pytest.mark.parametrize("target", [(13, 7, 6, 2), (3, 2, 3, 1)])
+def test_upscale(cpu, ggml_backend, rng, mode, target):
+    a = u(rng, (1, 3, 5, 6))
+    check(cpu, ggml_backend, lambda c, x: ops.interpolate(c, x, *target, mode),
+          lambda c, x: ggml.ggml_interpolate(c, x, *target, int(mode)), [a], [F32])
+
+
+def test_upscale_antialias(cpu, ggml_backend, rng):
+    a = u(rng, (1, 2, 17, 23))
+    mode = int(ScaleMode.BILINEAR | ScaleMode.ANTIALIAS)
+    check(cpu, ggml_backend, lambda c, x: ops.interpolate(c, x, 7, 5, 2, 1, mode),
+          lambda c, x: ggml.ggml_interpolate(c, x, 7, 5, 2, 1, mode), [a], [F32])
+
+
+def test_sorting_and_scans(cpu, ggml_backend, rng):
+    a = rng.permutation(2 * 3 * 200).astype(np.float32).reshape(1, 2, 3, 200)
+    for order in SortOrder:
+        check(cpu, ggml_backend, lambda c, x: ops.argsort(c, x, order),
+              lambda c, x: ggml.ggml_argsort(c, x, int(order)), [a], [F32], 0.0)
+    check(cpu, ggml_backend, lambda c, x: ops.top_k(c, x, 17),
+          lambda c, x: ggml.ggml_top_k(c, x, 17), [a], [F32], 0.0,
+          post=lambda r: np.sort(r, axis=-1))
+    x = u(rng, (2, 3, 4, 50))
+    check(cpu, ggml_backend, ops.cumsum, ggml.ggml_cumsum, [x], [F32])
+
+
+def test_count_equal(cpu, ggml_backend, rng):
+    # matrices only: ggml's CPU kernel misindexes rows when ne[2] or ne[3] > 1
+    a = rng.integers(0, 3, size=(30, 40)).astype(np.int32)
+    b = rng.integers(0, 3, size=(30, 40)).astype(np.int32)
+    check(cpu, ggml_backend, ops.count_equal, ggml.ggml_count_equal, [a, b], [I32, I32], 0.0)
+
+
+def test_arange_and_timestep_embedding(cpu, ggml_backend, rng):
+    check(cpu, ggml_backend, lambda c: ops.arange(c, -2.0, 5.3, 0.3),
+          lambda c: ggml.ggml_arange(c, -2.0, 5.3, 0.3), [], [], 1e-12)   # fma or not
+    t = rng.uniform(0, 1000, size=(6,)).astype(np.float32)
+    for dim in (64, 31):
+        check(cpu, ggml_backend, lambda c, x: ops.timestep_embedding(c, x, dim, 10000),
+              lambda c, x: ggml.ggml_timestep_embedding(c, x, dim, 10000), [t], [F32])
+
+
+def test_get_rows_back(cpu, ggml_backend, rng):
+    grads, like = u(rng, (7, 12)), u(rng, (5, 12))
+    idx = np.array([3, 0, 3, 4, 3, 1, 0], np.int32)
+    check(cpu, ggml_backend, ops.get_rows_back, ggml.ggml_get_rows_back, [grads, idx, like],
+          [F32, I32, F32])
+
