@@ -43,10 +43,11 @@ def cpu():
 def compute(backend, build: Callable, *arrays: np.ndarray,
             types: Sequence[GGMLType | None] | None = None) -> np.ndarray:
     """Build ``build(ctx, *input_tensors)`` over inputs holding ``arrays`` (numpy shape =
-    reversed ne), compute it on ``backend`` and return the result's values."""
+    reversed ne), compute it on ``backend`` and return the result's values. An input of a
+    block type is a uint8 array of raw rows: its last axis is the row's bytes."""
     ctx = Context()
     types = types or [None] * len(arrays)
-    inputs = [ctx.new_tensor(ty or type_from_numpy(a.dtype), a.shape[::-1], name=f"in{i}")
+    inputs = [ctx.new_tensor(ty or type_from_numpy(a.dtype), _ne_of(a, ty), name=f"in{i}")
               for i, (a, ty) in enumerate(zip(arrays, types))]
     out = build(ctx, *inputs)
     graph = build_graph(out)
@@ -58,6 +59,13 @@ def compute(backend, build: Callable, *arrays: np.ndarray,
         return out.numpy()
     finally:
         buf.close()
+
+
+def _ne_of(a: np.ndarray, type_: GGMLType | None) -> tuple[int, ...]:
+    if type_ is not None and type_.traits.is_quantized:
+        tr = type_.traits
+        return (a.shape[-1] // tr.type_size * tr.block_size,) + a.shape[-2::-1]
+    return a.shape[::-1]
 
 
 @pytest.fixture(scope="session")

@@ -114,3 +114,16 @@ def test_get_rows_back(cpu, ggml_backend, rng):
     check(cpu, ggml_backend, ops.get_rows_back, ggml.ggml_get_rows_back, [grads, idx, like],
           [F32, I32, F32])
 
+
+
+@pytest.mark.parametrize("n_tokens,n_b", [(1, 4), (9, 1), (9, 4)])
+def test_mul_mat_id(cpu, ggml_backend, rng, n_tokens, n_b):
+    w, b = u(rng, (1, 8, 16, 64)), u(rng, (1, n_tokens, n_b, 64))
+    ids = np.stack([rng.choice(8, 4, replace=False) for _ in range(n_tokens)]).astype(np.int32)
+    check(cpu, ggml_backend, ops.mul_mat_id, ggml.ggml_mul_mat_id, [w, b, ids],
+          [F32, F32, I32], 5e-4)
+
+
+def test_out_prod(cpu, ggml_backend, rng):
+    a, b = u(rng, (1, 2, 16, 7)), u(rng, (2, 4, 16, 11))
+    check(cpu, ggml_backend, ops.out_prod, ggml.ggml_out_prod, [a, b], [F32, F32], 5e-4)

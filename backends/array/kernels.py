@@ -14,8 +14,8 @@ from polydev.ops import GluOp, Op, UnaryOp
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
-from . import (elementwise, generate, matmul, movement, norm, reduce, resample, rope, softmax,
-               sort)
+from . import (elementwise, generate, matmul, movement, mul_mat_id, norm, reduce, resample, rope,
+               softmax, sort)
 from .env import needs_codec
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
@@ -148,6 +148,8 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.GROUP_NORM: Kernel(norm.bind_group_norm, _f32_only),
     Op.RMS_NORM: Kernel(norm.bind_rms_norm, _f32_only),
     Op.MUL_MAT: Kernel(matmul.bind_mul_mat, _mul_mat_ok),
+    Op.MUL_MAT_ID: Kernel(mul_mat_id.bind_mul_mat_id, _mul_mat_ok),
+    Op.OUT_PROD: Kernel(matmul.bind_out_prod, _mul_mat_ok),
     Op.GET_ROWS: Kernel(movement.bind_get_rows, _get_rows_ok),
     Op.GET_ROWS_BACK: Kernel(movement.bind_get_rows_back,
                              lambda n: n.src[0].type in FLOATS and n.src[1].type == I32),

@@ -1,4 +1,5 @@
-"""MUL_MAT: ``dst = b @ a.T`` per matrix, with a broadcast over b's dims 2 and 3.
+"""MUL_MAT: ``dst = b @ a.T`` per matrix, with a broadcast over b's dims 2 and 3; and OUT_PROD,
+``dst = b.T @ a`` per matrix with the same broadcast.
 
 ggml maps b's matrix i12 to a's matrix i12 // (b.ne2 // a.ne2) (and the same for dim 3), so
 each of a's matrices serves a run of consecutive b matrices: b's dims are split into
@@ -49,4 +50,18 @@ def bind_mul_mat(env, node: Tensor) -> Callable[[], None]:
         rhs = b_batched if packed and not needs_f32 else \
             xp.ascontiguousarray(b_batched, dtype=xp.float32)
         xp.matmul(rhs, xp.swapaxes(expand_a(weight()), -1, -2), out=d_batched)
+    return run
+
+
+def bind_out_prod(env, node: Tensor) -> Callable[[], None]:
+    """OUT_PROD: dst (b3, b2, N, M) = b(b3, b2, K, N).T @ a(a3, a2, K, M)."""
+    xp = env.xp
+    a_t, b_t = node.src[0], node.src[1]
+    a = env.weight_f32(a_t)
+    b, d = env.view(b_t), env.view(node)
+    b_batched, d_batched, expand_a = _batch_views(a_t.shape, b, d)
+
+    def run() -> None:
+        rhs = b_batched if b_batched.dtype == xp.float32 else b_batched.astype(xp.float32)
+        xp.matmul(xp.swapaxes(rhs, -1, -2), expand_a(a()), out=d_batched)
     return run

@@ -149,7 +149,7 @@ def bind_window(env, node: Tensor) -> Callable[[], None]:
     return run
 
 
-def _check_indices(xp, idx, limit: int, op: str) -> None:
+def check_indices(xp, idx, limit: int, op: str) -> None:
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= limit):
         raise OutOfBoundsError(f"{op}: row index out of range [0, {limit}): "
                                f"min {int(idx.min())}, max {int(idx.max())}")
@@ -169,12 +169,12 @@ def bind_get_rows(env, node: Tensor) -> Callable[[], None]:
         rows, flat_idx, out = src[0, 0], idx.reshape(-1), d[0, 0]
 
         def run_take() -> None:
-            _check_indices(xp, flat_idx, a1, "get_rows")
+            check_indices(xp, flat_idx, a1, "get_rows")
             xp.take(rows, flat_idx, axis=0, out=out)
         return run_take
 
     def run() -> None:
-        _check_indices(xp, idx, a1, "get_rows")
+        check_indices(xp, idx, a1, "get_rows")
         gathered = src[i3, i2, idx]
         if decode:
             gathered = env.dequantize(gathered, a_t.type)
@@ -197,7 +197,7 @@ def bind_set_rows(env, node: Tensor) -> Callable[[], None]:
 
     def run() -> None:
         idx = idx_all[ci3, ci2]                  # (a3, a2, n)
-        _check_indices(xp, idx, a1, "set_rows")
+        check_indices(xp, idx, a1, "set_rows")
         values = rows
         if encode:
             values = env.quantize(xp.ascontiguousarray(rows, dtype=xp.float32), node.type)
@@ -212,7 +212,7 @@ def bind_get_rows_back(env, node: Tensor) -> Callable[[], None]:
     d = env.view(node)[0, 0]
 
     def run() -> None:
-        _check_indices(xp, idx, d.shape[0], "get_rows_back")
+        check_indices(xp, idx, d.shape[0], "get_rows_back")
         d.fill(0)
         xp.add.at(d, idx, a)
     return run
