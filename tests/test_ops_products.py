@@ -9,7 +9,7 @@ from polydev import GGMLType, dequantize, ops
 from polydev.errors import OutOfBoundsError, ShapeError
 
 from conftest import assert_close, compute
-from test_ops import QTYPES, f32, random_blocks
+from test_ops import f32, random_blocks
 
 
 def _mul_mat_id_ref(w, b, ids):
