@@ -54,11 +54,13 @@ def ggml_compute(backend, build, arrays, types):
 
 
 def arr_ne(arr, ty):
-    """ggml ne of an input array: raw quantized rows are (rows, row_bytes) uint8."""
+    """ggml ne of an input array: raw quantized rows are (..., rows, row_bytes) uint8."""
     if GGMLType(ty).traits.is_quantized:
-        rows, row_bytes = arr.shape
-        return (row_bytes // ty.traits.type_size * ty.traits.block_size, rows, 1, 1)
-    return tuple(arr.shape[::-1]) + (1,) * (4 - arr.ndim)
+        ne0 = arr.shape[-1] // ty.traits.type_size * ty.traits.block_size
+        ne = (ne0,) + arr.shape[-2::-1]
+    else:
+        ne = arr.shape[::-1]
+    return tuple(ne) + (1,) * (4 - len(ne))
 
 
 def check(cpu, ggml_backend, ours, theirs, arrays, types, threshold=1e-7, post=None):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
-from polydev import ops
+from polydev import GGMLType, ops
 from polydev.ops import ScaleMode, SortOrder
 
-from test_ggml_oracle import F32, I32, check, ggml, u
+from test_ggml_oracle import F16, F32, I32, check, ggml, u
+from test_ops import random_blocks
 
 pytestmark = pytest.mark.ggml
 
@@ -127,3 +130,50 @@ def test_mul_mat_id(cpu, ggml_backend, rng, n_tokens, n_b):
 def test_out_prod(cpu, ggml_backend, rng):
     a, b = u(rng, (1, 2, 16, 7)), u(rng, (2, 4, 16, 11))
     check(cpu, ggml_backend, ops.out_prod, ggml.ggml_out_prod, [a, b], [F32, F32], 5e-4)
+
+
+@pytest.mark.parametrize("kv", [F32, F16, GGMLType.Q8_0], ids=str)
+@pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (8.0, 0.0, True),
+                                                    (0.0, 30.0, False)])
+def test_flash_attn_ext(cpu, ggml_backend, rng, kv, max_bias, softcap, sinks):
+    n_q, n_kv, d = 7, 96, 64
+    q = u(rng, (1, 8, n_q, d))
+    k, v = u(rng, (1, 2, n_kv, d)), u(rng, (1, 2, n_kv, d))
+    if kv == GGMLType.Q8_0:
+        k, v = (random_blocks(rng, kv, 2 * n_kv, d).reshape(1, 2, n_kv, -1) for _ in range(2))
+    elif kv == F16:
+        k, v = k.astype(np.float16), v.astype(np.float16)
+    mask = np.where(np.arange(n_kv)[None, :] > n_kv - n_q + np.arange(n_q + 9)[:, None],
+                    -np.inf, rng.uniform(-1, 0, size=(n_q + 9, n_kv))).astype(np.float16)
+    s = u(rng, (8,), -1, 1)
+    arrays, types = [q, k, v, mask.reshape(1, 1, *mask.shape)], [F32, kv, kv, F16]
+    if sinks:
+        arrays, types = arrays + [s], types + [F32]
+
+    def ours(c, *t):
+        out = ops.flash_attn_ext(c, *t[:4], 0.125, max_bias, softcap)
+        ops.flash_attn_ext_add_sinks(out, t[4] if sinks else None)
+        return out
+
+    def theirs(c, *t):
+        out = ggml.ggml_flash_attn_ext(c, *t[:4], 0.125, max_bias, softcap)
+        if sinks:
+            ggml.ggml_flash_attn_ext_add_sinks(out, t[4])
+        return out
+    check(cpu, ggml_backend, ours, theirs, arrays, types, 5e-4)
+
+
+@pytest.mark.parametrize("mode,n_dims,sections", [(8, 64, (8, 12, 12, 0)),
+                                                  (40, 64, (12, 10, 10, 0)),
+                                                  (24, 32, (8, 8, 8, 8))],
+                         ids=["mrope", "imrope", "vision"])
+def test_rope_multi(cpu, ggml_backend, rng, mode, n_dims, sections):
+    head_dim = 64 if mode == 24 else 96
+    a = u(rng, (1, 5, 3, head_dim))
+    pos = rng.integers(0, 3000, size=(20,)).astype(np.int32)
+    secs = (ctypes.c_int * 4)(*sections)
+    args = (4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    check(cpu, ggml_backend, lambda c, x, p: ops.rope_multi(c, x, p, None, n_dims, sections,
+                                                            mode, *args),
+          lambda c, x, p: ggml.ggml_rope_multi(c, x, p, None, n_dims, secs, mode, *args),
+          [a, pos], [F32, I32])

@@ -14,8 +14,8 @@ from polydev.ops import GluOp, Op, UnaryOp
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
-from . import (elementwise, generate, matmul, movement, mul_mat_id, norm, reduce, resample, rope,
-               softmax, sort)
+from . import (attention, elementwise, generate, matmul, movement, mul_mat_id, norm, reduce,
+               resample, rope, softmax, sort)
 from .env import needs_codec
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
@@ -98,6 +98,11 @@ def _soft_max_ok(node: Tensor) -> bool:
                                 or node.src[1].type in FLOATS)
 
 
+def _flash_attn_ok(node: Tensor) -> bool:
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    return q.type == F32 and _decodable(k) and _decodable(v) and k.ne[2] == v.ne[2]
+
+
 def _glu_ok(node: Tensor) -> bool:
     return _float_same(node) and GluOp(node.op_params[0]) in elementwise.GLU_FUNCTIONS
 
@@ -157,6 +162,7 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.DIAG_MASK_INF: Kernel(softmax.bind_diag_mask_inf, _f32_only),
     Op.SOFT_MAX: Kernel(softmax.bind_soft_max, _soft_max_ok),
     Op.ROPE: Kernel(rope.bind_rope, _rope_ok),
+    Op.FLASH_ATTN_EXT: Kernel(attention.bind_flash_attn_ext, _flash_attn_ok),
     **{(Op.UNARY, fn): Kernel(elementwise.bind_unary, _float_same)
        for fn in elementwise.UNARY_FUNCTIONS},
     **{(Op.GLU, fn): Kernel(elementwise.bind_glu, _glu_ok) for fn in elementwise.GLU_FUNCTIONS},

@@ -1,8 +1,11 @@
-"""ROPE: rotary position embedding with YaRN, normal and NeoX modes (ggml_rope_ext).
+"""ROPE: rotary position embedding with YaRN (ggml_rope_ext / ggml_rope_multi), in the normal,
+NeoX, multi-section (M-RoPE, interleaved IMROPE) and vision modes.
 
 The angles follow ggml's float32 arithmetic step by step: theta for pair i is the running
 product p * theta_scale^i (a cumulative product, as ggml's cache loop), divided by the optional
-frequency factor, then mixed between interpolation and extrapolation by YaRN's ramp.
+frequency factor, then mixed between interpolation and extrapolation by YaRN's ramp. The
+multi-section modes give each pair one of a token's 4 positions (time, height, width, extra);
+the vision mode restarts the running product at each section.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from polydev.tensor import Tensor
 
 from .env import same_memory
 
-SUPPORTED_MODES = (RopeMode.NORMAL, RopeMode.NEOX)
+SUPPORTED_MODES = (RopeMode.NORMAL, RopeMode.NEOX, RopeMode.MROPE, RopeMode.IMROPE,
+                   RopeMode.VISION)
 
 
 def _c_min(a: float, b: float) -> float:
@@ -36,20 +40,53 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: fl
             ratio = np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2 * math.pi))
             return float(np.float32(n_dims) * np.log(np.float32(ratio))
                          / (np.float32(2) * np.log(np.float32(freq_base))))
-    start = math.floor(corr_dim(beta_fast)) if math.isfinite(corr_dim(beta_fast)) else corr_dim(beta_fast)
-    end = math.ceil(corr_dim(beta_slow)) if math.isfinite(corr_dim(beta_slow)) else corr_dim(beta_slow)
+    fast, slow = corr_dim(beta_fast), corr_dim(beta_slow)
+    start = math.floor(fast) if math.isfinite(fast) else fast
+    end = math.ceil(slow) if math.isfinite(slow) else slow
     return _c_max(0.0, start), _c_min(float(n_dims - 1), end)
 
 
-def rope_cos_sin(xp, pos, n_dims: int, params: tuple, freq_factors=None):
-    """cos and sin of every (token, pair) angle, shape (n_tokens, n_dims // 2), float32."""
+def _running_thetas(xp, pos, n_pairs: int, theta_scale):
+    """p, p * s, p * s * s, ... for each position (float32 products in ggml's order)."""
+    steps = xp.full(pos.shape + (n_pairs,), theta_scale, dtype=xp.float32)
+    steps[..., 0] = pos.astype(xp.float32)
+    return xp.cumprod(steps, axis=-1, dtype=xp.float32)
+
+
+def section_plan(mode: int, sections, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each rotation pair: which of the 4 positions drives it, and how many steps of the
+    running product it is from that position (ggml_mrope_cache_init)."""
+    s0, s1, s2, _ = sections
+    sector = np.arange(n_pairs) % sum(sections)
+    if mode == RopeMode.IMROPE:                  # Qwen3-VL: t, h, w interleaved
+        which = np.full(n_pairs, 3)
+        which[(sector % 3 == 0) & (sector < 3 * s0)] = 0
+        which[(sector % 3 == 2) & (sector < 3 * s2)] = 2
+        which[(sector % 3 == 1) & (sector < 3 * s1)] = 1
+    else:
+        which = np.searchsorted(np.cumsum([s0, s1, s2]), sector, side="right")
+    steps = np.arange(n_pairs)
+    if mode == RopeMode.VISION:                  # each section restarts its running product
+        starts = np.array([0, s0, s0 + s1, s0 + s1 + s2])
+        steps = sector - starts[which]
+    return which, steps
+
+
+def rope_thetas(xp, pos, mode: int, n_dims: int, n_pairs: int, freq_base: float, sections):
+    """The unscaled angle of every (token, pair): (n_tokens, n_pairs) float32."""
+    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
+    if not mode & RopeMode.MROPE:
+        return _running_thetas(xp, pos, n_pairs, theta_scale)
+    per_stream = _running_thetas(xp, pos.reshape(4, -1), n_pairs, theta_scale)  # (4, tokens, pairs)
+    which, steps = section_plan(mode, sections, n_pairs)
+    return per_stream[xp.asarray(which), :, xp.asarray(steps)].T
+
+
+def rope_cos_sin(xp, theta_extrap, n_dims: int, params: tuple, freq_factors=None):
+    """cos and sin of every (token, pair) angle from the unscaled angles, float32."""
     (_, _, _, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
      beta_slow) = params[:11]
-    n_pairs = n_dims // 2
-    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
-    steps = xp.full((pos.shape[0], n_pairs), theta_scale, dtype=xp.float32)
-    steps[:, 0] = pos.astype(xp.float32)
-    theta_extrap = xp.cumprod(steps, axis=1, dtype=xp.float32)
+    n_pairs = theta_extrap.shape[-1]
     if freq_factors is not None:
         theta_extrap /= freq_factors[:n_pairs]
     theta = theta_extrap * xp.float32(freq_scale)
@@ -68,26 +105,32 @@ def rope_cos_sin(xp, pos, n_dims: int, params: tuple, freq_factors=None):
 def bind_rope(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
     params = node.op_params
-    n_dims, mode, n_offs = params[1], params[2], params[15]
+    n_dims, mode, n_offs, sections = params[1], params[2], params[15], params[11:15]
     d, a = env.view(node), env.view(node.src[0])
     pos = env.view(node.src[1]).reshape(-1)
     ff_t = node.src[2] if len(node.src) > 2 else None
     freq_factors = env.view(ff_t).reshape(-1) if ff_t is not None else None
-    half = n_dims // 2
-    rot = slice(n_offs, n_offs + n_dims)
-    if mode == RopeMode.NEOX:
-        x0, x1 = a[..., n_offs:n_offs + half], a[..., n_offs + half:n_offs + n_dims]
-        y0, y1 = d[..., n_offs:n_offs + half], d[..., n_offs + half:n_offs + n_dims]
+    if mode == RopeMode.VISION:
+        n_offs, n_pairs = 0, n_dims              # pairs (i, i + n_dims) over the whole row
+        half = n_dims
+    else:
+        n_pairs = half = n_dims // 2
+    rot = slice(n_offs, n_offs + 2 * half)
+    if mode != RopeMode.NORMAL:
+        x0, x1 = a[..., n_offs:n_offs + half], a[..., n_offs + half:rot.stop]
+        y0, y1 = d[..., n_offs:n_offs + half], d[..., n_offs + half:rot.stop]
     else:
         x0, x1 = a[..., rot][..., 0::2], a[..., rot][..., 1::2]
         y0, y1 = d[..., rot][..., 0::2], d[..., rot][..., 1::2]
     ne0 = a.shape[-1]
     # the channels outside the rotated range are copied unchanged
-    passthrough = [s for s in (slice(0, n_offs), slice(n_offs + n_dims, ne0)) if s.stop > s.start]
+    passthrough = [s for s in (slice(0, n_offs), slice(rot.stop, ne0)) if s.stop > s.start]
     inplace = same_memory(node, node.src[0])
+    freq_base = params[5]
 
     def run() -> None:
-        cos, sin = rope_cos_sin(xp, pos, n_dims, params, freq_factors)
+        thetas = rope_thetas(xp, pos, mode, n_dims, n_pairs, freq_base, sections)
+        cos, sin = rope_cos_sin(xp, thetas, n_dims, params, freq_factors)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]   # (1, tokens, 1, pairs)
         r0 = x0 * cos - x1 * sin
         r1 = x0 * sin + x1 * cos

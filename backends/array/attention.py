@@ -1,0 +1,93 @@
+"""FLASH_ATTN_EXT: fused attention as batched BLAS products over blocks of queries.
+
+ggml's CPU kernel runs an online softmax per query row. Here each block of query rows runs
+as three batched products (scores = q k^T, softmax, p v) for all heads at once: heads are
+split into (kv_head, group) so grouped-query heads share one K/V matrix by broadcasting,
+without copies. Blocks keep the score matrix small enough to stay in cache; a fully masked
+row gives zeros, as in ggml.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from polydev.tensor import Tensor
+
+from .env import values_of
+from .softmax import alibi_slopes
+
+# scores per block of query rows, in elements (4 MiB of float32)
+SCORE_BLOCK = 1 << 20
+
+
+def _mask_by_head(xp, mask, n_seq: int, n_head_kv: int, group: int, n_q: int):
+    """The F16 mask (m3, m2, rows, n_kv) as (n_seq or 1, kv_heads or 1, group or 1, n_q, n_kv)
+    following ggml's repeat (head h reads mask head h % m2, sequence s reads s % m3)."""
+    m3, m2 = mask.shape[0], mask.shape[1]
+    rows = mask[:, :, :n_q]
+    n_head = n_head_kv * group
+    if m2 == 1:
+        by_head = rows[:, :, None]
+    elif m2 == n_head:
+        by_head = rows.reshape(m3, n_head_kv, group, n_q, rows.shape[-1])
+    else:
+        by_head = rows[:, xp.arange(n_head) % m2].reshape(m3, n_head_kv, group, n_q, -1)
+    if m3 not in (1, n_seq):
+        by_head = by_head[xp.arange(n_seq) % m3]
+    return by_head
+
+
+def bind_flash_attn_ext(env, node: Tensor) -> Callable[[], None]:
+    xp = env.xp
+    q_t, k_t, v_t = node.src[0], node.src[1], node.src[2]
+    mask_t = node.src[3] if len(node.src) > 3 else None
+    sinks_t = node.src[4] if len(node.src) > 4 else None
+    scale, max_bias, softcap = node.op_params[:3]
+    if softcap:
+        scale /= softcap                      # softcap * tanh(scale / softcap * s), as ggml
+    n_seq, n_head, n_q, _ = q_t.shape
+    n_head_kv = k_t.ne[2]
+    group = n_head // n_head_kv
+    q = env.view(q_t).reshape(n_seq, n_head_kv, group, n_q, -1)
+    out = env.view(node).reshape(n_seq, n_q, n_head_kv, group, -1)
+    per_head = (1, n_head_kv, group, 1, 1)
+    slopes = xp.asarray(alibi_slopes(n_head, max_bias)).reshape(per_head) if max_bias > 0 \
+        else None
+    sinks = env.view(sinks_t).reshape(per_head) if sinks_t is not None else None
+    block = max(1, SCORE_BLOCK // max(1, n_head * k_t.ne[1]))
+
+    def run() -> None:
+        k = xp.asarray(values_of(env, k_t), dtype=xp.float32)[:, :, None]   # (s, hkv, 1, kv, D)
+        v = xp.asarray(values_of(env, v_t), dtype=xp.float32)[:, :, None]
+        k_t_ = xp.swapaxes(k, -1, -2)
+        mask = _mask_by_head(xp, env.view(mask_t), n_seq, n_head_kv, group, n_q) \
+            if mask_t is not None else None
+        for q0 in range(0, n_q, block):
+            q1 = min(n_q, q0 + block)
+            scores = xp.matmul(q[:, :, :, q0:q1], k_t_)      # (s, hkv, group, rows, kv)
+            scores *= xp.float32(scale)
+            if softcap:
+                xp.tanh(scores, out=scores)
+                scores *= xp.float32(softcap)
+            if mask is not None:
+                m = mask[..., q0:q1, :]
+                scores += m * slopes if slopes is not None else m
+            out[:, q0:q1] = xp.moveaxis(_softmax_times_v(xp, scores, v, sinks), 3, 1)
+    return run
+
+
+def _softmax_times_v(xp, scores, v, sinks):
+    """softmax(scores) @ v, with the sinks' logits in the denominator; overwrites scores."""
+    row_max = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        row_max = xp.maximum(row_max, sinks)
+    # a row with every score -inf has no finite max: shift by 0 so exp gives zeros
+    row_max = xp.where(xp.isfinite(row_max), row_max, xp.float32(0))
+    scores -= row_max
+    xp.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total += xp.exp(sinks - row_max)
+    weighted = xp.matmul(scores, v)
+    weighted *= xp.where(total > 0, 1 / xp.where(total > 0, total, 1), 0)
+    return weighted
