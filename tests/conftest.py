@@ -44,7 +44,8 @@ def compute(backend, build: Callable, *arrays: np.ndarray,
             types: Sequence[GGMLType | None] | None = None) -> np.ndarray:
     """Build ``build(ctx, *input_tensors)`` over inputs holding ``arrays`` (numpy shape =
     reversed ne), compute it on ``backend`` and return the result's values. An input of a
-    block type is a uint8 array of raw rows: its last axis is the row's bytes."""
+    block type is either values (quantized on upload) or a uint8 array of raw rows whose
+    last axis is the row's bytes."""
     ctx = Context()
     types = types or [None] * len(arrays)
     inputs = [ctx.new_tensor(ty or type_from_numpy(a.dtype), _ne_of(a, ty), name=f"in{i}")
@@ -62,7 +63,7 @@ def compute(backend, build: Callable, *arrays: np.ndarray,
 
 
 def _ne_of(a: np.ndarray, type_: GGMLType | None) -> tuple[int, ...]:
-    if type_ is not None and type_.traits.is_quantized:
+    if type_ is not None and type_.traits.is_quantized and a.dtype == np.uint8:
         tr = type_.traits
         return (a.shape[-1] // tr.type_size * tr.block_size,) + a.shape[-2::-1]
     return a.shape[::-1]

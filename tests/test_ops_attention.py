@@ -72,7 +72,8 @@ def test_flash_attn_ext(backend, rng, case, kv_type):
 
 @pytest.mark.parametrize("max_bias,softcap", [(0.0, 0.0), (8.0, 0.0), (0.0, 20.0), (4.0, 5.0)])
 def test_flash_attn_ext_alibi_softcap_sinks(backend, rng, max_bias, softcap):
-    q, k, v = f32(rng, (1, 8, 6, 32), -3, 3), f32(rng, (1, 2, 40, 32), -3, 3), f32(rng, (1, 2, 40, 32))
+    q, k = f32(rng, (1, 8, 6, 32), -3, 3), f32(rng, (1, 2, 40, 32), -3, 3)
+    v = f32(rng, (1, 2, 40, 32))
     mask = _causal_mask(rng, 6, 40, heads=4)              # one mask per head pair: h % 4
     sinks = f32(rng, (8,), -2, 2)
 
