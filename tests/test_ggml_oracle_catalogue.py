@@ -177,3 +177,39 @@ def test_rope_multi(cpu, ggml_backend, rng, mode, n_dims, sections):
                                                             mode, *args),
           lambda c, x, p: ggml.ggml_rope_multi(c, x, p, None, n_dims, secs, mode, *args),
           [a, pos], [F32, I32])
+
+
+@pytest.mark.parametrize("geometry", [(1, 1, 0, 0, 1, 1), (2, 1, 1, 2, 1, 2)])
+def test_convolutions(cpu, ggml_backend, rng, geometry):
+    x, k = u(rng, (2, 3, 9, 11)), u(rng, (4, 3, 3, 2))
+    check(cpu, ggml_backend, lambda c, a, b: ops.conv_2d_direct(c, a, b, *geometry),
+          lambda c, a, b: ggml.ggml_conv_2d_direct(c, a, b, *geometry), [k, x], [F32, F32], 5e-4)
+    k16 = k.astype(np.float16)
+    check(cpu, ggml_backend, lambda c, a, b: ops.conv_2d(c, a, b, *geometry),
+          lambda c, a, b: ggml.ggml_conv_2d(c, a, b, *geometry), [k16, x], [F16, F32], 5e-4)
+    check(cpu, ggml_backend, lambda c, a, b: ops.im2col(c, a, b, *geometry, True, F32),
+          lambda c, a, b: ggml.ggml_im2col(c, a, b, *geometry, True, int(F32)), [k16, x],
+          [F16, F32], 0.0)
+    kd = u(rng, (3, 1, 3, 3))
+    check(cpu, ggml_backend, lambda c, a, b: ops.conv_2d_dw_direct(c, a, b, *geometry),
+          lambda c, a, b: ggml.ggml_conv_2d_dw_direct(c, a, b, *geometry), [kd, x], [F32, F32])
+
+
+def test_transposed_convolutions(cpu, ggml_backend, rng):
+    k1, x1 = u(rng, (1, 3, 4, 5)), u(rng, (1, 1, 3, 9))
+    check(cpu, ggml_backend, lambda c, a, b: ops.conv_transpose_1d(c, a, b, 2),
+          lambda c, a, b: ggml.ggml_conv_transpose_1d(c, a, b, 2, 0, 1), [k1, x1], [F32, F32],
+          5e-4)
+    # one image: ggml's CPU kernel computes only the first of a batch (the rest stay zero)
+    k2, x2 = u(rng, (3, 4, 3, 2)).astype(np.float16), u(rng, (1, 3, 5, 6))
+    check(cpu, ggml_backend, lambda c, a, b: ops.conv_transpose_2d_p0(c, a, b, 2),
+          lambda c, a, b: ggml.ggml_conv_transpose_2d_p0(c, a, b, 2), [k2, x2], [F16, F32], 5e-4)
+
+
+@pytest.mark.parametrize("op", [0, 1], ids=["max", "avg"])
+def test_pooling(cpu, ggml_backend, rng, op):
+    x = u(rng, (2, 3, 9, 13))
+    check(cpu, ggml_backend, lambda c, a: ops.pool_1d(c, a, op, 3, 2, 1),
+          lambda c, a: ggml.ggml_pool_1d(c, a, op, 3, 2, 1), [x], [F32])
+    check(cpu, ggml_backend, lambda c, a: ops.pool_2d(c, a, op, 3, 2, 2, 1, 1, 0),
+          lambda c, a: ggml.ggml_pool_2d(c, a, op, 3, 2, 2, 1, 1.0, 0.0), [x], [F32])

@@ -14,7 +14,7 @@ from polydev.ops import GluOp, Op, UnaryOp
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
-from . import (attention, elementwise, generate, matmul, movement, mul_mat_id, norm, reduce,
+from . import (attention, conv, elementwise, generate, matmul, movement, mul_mat_id, norm, reduce,
                resample, rope, softmax, sort)
 from .env import needs_codec
 
@@ -98,6 +98,10 @@ def _soft_max_ok(node: Tensor) -> bool:
                                 or node.src[1].type in FLOATS)
 
 
+def _conv_ok(node: Tensor) -> bool:
+    return node.src[0].type in FLOATS and node.src[1].type in FLOATS
+
+
 def _flash_attn_ok(node: Tensor) -> bool:
     q, k, v = node.src[0], node.src[1], node.src[2]
     return q.type == F32 and _decodable(k) and _decodable(v) and k.ne[2] == v.ne[2]
@@ -155,6 +159,13 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.MUL_MAT: Kernel(matmul.bind_mul_mat, _mul_mat_ok),
     Op.MUL_MAT_ID: Kernel(mul_mat_id.bind_mul_mat_id, _mul_mat_ok),
     Op.OUT_PROD: Kernel(matmul.bind_out_prod, _mul_mat_ok),
+    Op.IM2COL: Kernel(conv.bind_im2col, lambda n: n.src[1].type in FLOATS),
+    Op.CONV_2D: Kernel(conv.bind_conv_2d, _conv_ok),
+    Op.CONV_2D_DW: Kernel(conv.bind_conv_2d_dw, _conv_ok),
+    Op.CONV_TRANSPOSE_1D: Kernel(conv.bind_conv_transpose_1d, _conv_ok),
+    Op.CONV_TRANSPOSE_2D: Kernel(conv.bind_conv_transpose_2d, _conv_ok),
+    Op.POOL_1D: Kernel(conv.bind_pool_1d, lambda n: n.src[0].type in FLOATS),
+    Op.POOL_2D: Kernel(conv.bind_pool_2d, lambda n: n.src[0].type in FLOATS),
     Op.GET_ROWS: Kernel(movement.bind_get_rows, _get_rows_ok),
     Op.GET_ROWS_BACK: Kernel(movement.bind_get_rows_back,
                              lambda n: n.src[0].type in FLOATS and n.src[1].type == I32),

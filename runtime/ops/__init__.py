@@ -10,6 +10,7 @@ all of them are re-exported here, so ``polydev.ops.add`` is the way to call them
 from ._build import _pad4  # noqa: F401  (Context validates shapes with it)
 from .attention import *  # noqa: F401,F403
 from .catalogue import *  # noqa: F401,F403
+from .conv import *  # noqa: F401,F403
 from .elementwise import *  # noqa: F401,F403
 from .generate import *  # noqa: F401,F403
 from .matmul import *  # noqa: F401,F403

@@ -7,8 +7,8 @@ import enum
 from ..tensor import Tensor
 
 __all__ = [
-    "Op", "UnaryOp", "GluOp", "RopeMode", "ScaleMode", "SortOrder", "VIEW_OPS", "INPLACE_OPS",
-    "is_view_op", "op_desc",
+    "Op", "UnaryOp", "GluOp", "RopeMode", "ScaleMode", "SortOrder", "PoolOp", "VIEW_OPS",
+    "INPLACE_OPS", "is_view_op", "op_desc",
 ]
 
 
@@ -63,6 +63,11 @@ class ScaleMode(enum.IntFlag):
 class SortOrder(enum.IntEnum):
     ASC = 0
     DESC = 1
+
+
+class PoolOp(enum.IntEnum):
+    MAX = 0
+    AVG = 1
 
 
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
