@@ -213,3 +213,28 @@ def test_pooling(cpu, ggml_backend, rng, op):
           lambda c, a: ggml.ggml_pool_1d(c, a, op, 3, 2, 1), [x], [F32])
     check(cpu, ggml_backend, lambda c, a: ops.pool_2d(c, a, op, 3, 2, 2, 1, 1, 0),
           lambda c, a: ggml.ggml_pool_2d(c, a, op, 3, 2, 2, 1, 1.0, 0.0), [x], [F32])
+
+
+@pytest.mark.parametrize("mamba", [1, 2])
+def test_ssm(cpu, ggml_backend, rng, mamba):
+    sx, c = u(rng, (1, 2, 6, 3 + 5)), u(rng, (6, 4))
+    check(cpu, ggml_backend, ops.ssm_conv, ggml.ggml_ssm_conv, [sx, c], [F32, F32])
+    ns, nt, nh, nr, nc, ng = 2, 9, 4, 3, 8, 2 if mamba == 2 else 4
+    s, x = u(rng, (2, nh, nr, nc)), u(rng, (ns, nt, nh, nr))
+    dt = u(rng, (ns, nt, nh), -3, 1)
+    a = -rng.uniform(0.5, 2, size=(nh, 1 if mamba == 2 else nc)).astype(np.float32)
+    b, cc = u(rng, (ns, nt, ng, nc)), u(rng, (ns, nt, ng, nc))
+    ids = np.array([1, 0], np.int32)
+    check(cpu, ggml_backend, ops.ssm_scan, ggml.ggml_ssm_scan, [s, x, dt, a, b, cc, ids],
+          [F32] * 6 + [I32])
+
+
+def test_wkv6_and_gla(cpu, ggml_backend, rng):
+    size, heads, n_seqs, per_seq = 16, 4, 2, 11
+    k, v, r = (u(rng, (n_seqs * per_seq, heads, size)) for _ in range(3))
+    w = rng.uniform(0.3, 1.0, size=k.shape).astype(np.float32)
+    tf, state = u(rng, (heads, size)), u(rng, (n_seqs, heads * size * size))
+    check(cpu, ggml_backend, ops.rwkv_wkv6, ggml.ggml_rwkv_wkv6, [k, v, r, tf, w, state],
+          [F32] * 6)
+    check(cpu, ggml_backend, lambda c, *t: ops.gated_linear_attn(c, *t, 0.25),
+          lambda c, *t: ggml.ggml_gated_linear_attn(c, *t, 0.25), [k, v, r, w, state], [F32] * 5)

@@ -27,7 +27,7 @@ def _padded(xp, x, pads: dict[int, tuple[int, int]], value: float = 0.0):
     return xp.pad(x, width, constant_values=value)
 
 
-def _slide(xp, x, axis: int, n_out: int, k: int, stride: int, dilation: int):
+def slide(xp, x, axis: int, n_out: int, k: int, stride: int, dilation: int):
     """A view of ``x`` where ``axis`` holds the n_out window starts and a new last axis the k
     taps of each window (tap j of window o is element o*stride + j*dilation)."""
     shape = x.shape[:axis] + (n_out,) + x.shape[axis + 1:] + (k,)
@@ -48,8 +48,8 @@ def _windows_2d(xp, x, out_hw, k_hw, s_hw, p_hw, d_hw, value=0.0):
     nd = x.ndim
     x = _padded(xp, x, {nd - 2: (p1, _right_pad(h, oh, kh, s1, p1, d1)),
                         nd - 1: (p0, _right_pad(w, ow, kw, s0, p0, d0))}, value)
-    rows = _slide(xp, x, nd - 2, oh, kh, s1, d1)                 # (..., OH, W, KH)
-    win = _slide(xp, rows, nd - 1, ow, kw, s0, d0)               # (..., OH, OW, KH, KW)
+    rows = slide(xp, x, nd - 2, oh, kh, s1, d1)                 # (..., OH, W, KH)
+    win = slide(xp, rows, nd - 1, ow, kw, s0, d0)               # (..., OH, OW, KH, KW)
     return win
 
 
@@ -72,7 +72,7 @@ def bind_im2col(env, node: Tensor) -> Callable[[], None]:
 
     def run_1d() -> None:
         padded = _padded(xp, x, {2: (p0, _right_pad(w, ow, k, s0, p0, d0))})
-        xp.copyto(rows, xp.swapaxes(_slide(xp, padded, 2, ow, k, s0, d0), 1, 2),
+        xp.copyto(rows, xp.swapaxes(slide(xp, padded, 2, ow, k, s0, d0), 1, 2),
                   casting="unsafe")
     return run_1d
 
@@ -161,7 +161,7 @@ def bind_pool_1d(env, node: Tensor) -> Callable[[], None]:
     n, ow = a.shape[-1], node.ne[0]
     right = _right_pad(n, ow, k, s, p, 1)
     if op == PoolOp.MAX:
-        return lambda: xp.copyto(d, _slide(xp, _padded(xp, a, {3: (p, right)}, -FLT_MAX), 3, ow,
+        return lambda: xp.copyto(d, slide(xp, _padded(xp, a, {3: (p, right)}, -FLT_MAX), 3, ow,
                                            k, s, 1).max(axis=-1))
     starts = np.arange(ow) * s - p                                # ggml skips the padding
     counts = np.minimum(starts + k, n) - np.maximum(starts, 0)
@@ -169,7 +169,7 @@ def bind_pool_1d(env, node: Tensor) -> Callable[[], None]:
                            .astype(np.float32))
 
     def run_avg() -> None:
-        sums = _slide(xp, _padded(xp, a, {3: (p, right)}), 3, ow, k, s, 1).sum(axis=-1)
+        sums = slide(xp, _padded(xp, a, {3: (p, right)}), 3, ow, k, s, 1).sum(axis=-1)
         xp.multiply(sums, inv_count, out=d)
     return run_avg
 

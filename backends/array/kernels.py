@@ -15,7 +15,7 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
 from . import (attention, conv, elementwise, generate, matmul, movement, mul_mat_id, norm, reduce,
-               resample, rope, softmax, sort)
+               resample, rope, scan, softmax, sort)
 from .env import needs_codec
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
@@ -98,6 +98,10 @@ def _soft_max_ok(node: Tensor) -> bool:
                                 or node.src[1].type in FLOATS)
 
 
+def _all_f32(node: Tensor) -> bool:
+    return node.type == F32 and all(s is None or s.type == F32 for s in node.src)
+
+
 def _conv_ok(node: Tensor) -> bool:
     return node.src[0].type in FLOATS and node.src[1].type in FLOATS
 
@@ -166,6 +170,10 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.CONV_TRANSPOSE_2D: Kernel(conv.bind_conv_transpose_2d, _conv_ok),
     Op.POOL_1D: Kernel(conv.bind_pool_1d, lambda n: n.src[0].type in FLOATS),
     Op.POOL_2D: Kernel(conv.bind_pool_2d, lambda n: n.src[0].type in FLOATS),
+    Op.SSM_CONV: Kernel(scan.bind_ssm_conv, _all_f32),
+    Op.SSM_SCAN: Kernel(scan.bind_ssm_scan, lambda n: all(s.type == F32 for s in n.src[:6])),
+    Op.RWKV_WKV6: Kernel(scan.bind_rwkv_wkv6, _all_f32),
+    Op.GATED_LINEAR_ATTN: Kernel(scan.bind_gated_linear_attn, _all_f32),
     Op.GET_ROWS: Kernel(movement.bind_get_rows, _get_rows_ok),
     Op.GET_ROWS_BACK: Kernel(movement.bind_get_rows_back,
                              lambda n: n.src[0].type in FLOATS and n.src[1].type == I32),
