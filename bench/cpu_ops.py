@@ -160,8 +160,86 @@ def run_benchmarks(quick: bool) -> list[dict]:
     r_out = np.empty_like(q)
     record(f"ROPE neox f32 {D}x{H}x{T}", case, lambda: rope_numpy(q, pos, D, 10000.0, r_out))
 
+    _bench_flash_attn(backend, rng, quick, record)
+    _bench_mul_mat_id(backend, rng, quick, record)
     figures.append(_replay_overhead(backend))
     return figures
+
+
+def attention_numpy(q, k, v, mask, scale, out):
+    """Plain numpy attention: q (H, n_q, D) f32, k/v (Hkv, n_kv, D) f16, mask (n_q, n_kv)."""
+    hkv, group = k.shape[0], q.shape[0] // k.shape[0]
+    k32, v32 = k.astype(np.float32), v.astype(np.float32)
+    qg = q.reshape(hkv, group * q.shape[1], -1)
+    s = np.matmul(qg, k32.transpose(0, 2, 1)).reshape(hkv, group, q.shape[1], -1)
+    s *= np.float32(scale)
+    s += mask
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    o = np.matmul(s.reshape(hkv, group * q.shape[1], -1), v32)       # (hkv, group*n_q, D)
+    out[...] = o.reshape(q.shape[0], q.shape[1], -1).transpose(1, 0, 2)
+
+
+def _bench_flash_attn(backend, rng, quick: bool, record) -> None:
+    """FLASH_ATTN_EXT: head size 128, 32 heads over 8 KV heads, F16 K/V and mask."""
+    D, H, HKV = 128, 32, 8
+    n_kv = 512 if quick else 4096
+    for n_q in ((1, 64) if quick else (1, 512)):
+        q = rng.standard_normal((H, n_q, D), dtype=np.float32)
+        k = rng.standard_normal((HKV, n_kv, D), dtype=np.float32).astype(np.float16)
+        v = rng.standard_normal((HKV, n_kv, D), dtype=np.float32).astype(np.float16)
+        past = n_kv - n_q
+        mask = np.where(np.arange(n_kv)[None, :] > past + np.arange(n_q)[:, None], -np.inf,
+                        0.0).astype(np.float16)
+        scale = 1 / np.sqrt(D)
+        case = Case(backend, lambda ctx, q, k, v, m: ops.flash_attn_ext(ctx, q, k, v, m, scale),
+                    {"q": (GGMLType.F32, (D, n_q, H), q),
+                     "k": (GGMLType.F16, (D, n_kv, HKV), k),
+                     "v": (GGMLType.F16, (D, n_kv, HKV), v),
+                     "m": (GGMLType.F16, (n_kv, n_q), mask)})
+        out = np.empty((n_q, H, D), np.float32)
+        record(f"FLASH_ATTN_EXT f16 D{D} H{H}/{HKV} kv{n_kv} q{n_q}", case,
+               lambda: attention_numpy(q, k, v, mask, scale, out))
+
+
+def mul_mat_id_grouped(w, x, ids, out):
+    """Plain numpy MoE: sort the (token, slot) pairs by expert, one product per expert."""
+    flat = ids.reshape(-1)
+    rows = x[:, np.arange(ids.shape[1]) % x.shape[1]].reshape(-1, x.shape[-1])
+    order = np.argsort(flat, kind="stable")
+    experts, starts = np.unique(flat[order], return_index=True)
+    bounds = list(starts[1:]) + [len(order)]
+    dst = out.reshape(-1, out.shape[-1])
+    for e, lo, hi in zip(experts, starts, bounds):
+        sel = order[lo:hi]
+        dst[sel] = rows[sel] @ w[e].T
+
+
+def mul_mat_id_gathered(w, x, ids, out):
+    """Plain numpy MoE for few tokens: gather each pair's expert matrix, batched mat-vec."""
+    rows = x[:, np.arange(ids.shape[1]) % x.shape[1]]                   # (T, n_used, K)
+    np.matmul(w[ids], rows[..., None], out=out[..., None])
+
+
+def _bench_mul_mat_id(backend, rng, quick: bool, record) -> None:
+    """MUL_MAT_ID at a Qwen3-MoE-like size: 64 experts of 768x2048, 8 used per token."""
+    n_expert, n_used, m, k = (16, 4, 256, 512) if quick else (64, 8, 768, 2048)
+    w = rng.standard_normal((n_expert, m, k), dtype=np.float32)
+    for n_tokens in ((1, 64) if quick else (1, 512)):
+        x = rng.standard_normal((n_tokens, 1, k), dtype=np.float32)
+        ids = np.stack([rng.choice(n_expert, n_used, replace=False)
+                        for _ in range(n_tokens)]).astype(np.int32)
+        case = Case(backend, lambda ctx, w, x, i: ops.mul_mat_id(ctx, w, x, i),
+                    {"x": (GGMLType.F32, (k, 1, n_tokens), x),
+                     "i": (GGMLType.I32, (n_used, n_tokens), ids)},
+                    {"w": (GGMLType.F32, (k, m, n_expert), w)})
+        out = np.empty((n_tokens, n_used, m), np.float32)
+        candidates = [lambda: mul_mat_id_grouped(w, x, ids, out)]
+        if n_tokens * n_used <= n_expert:         # gathering copies one matrix per pair
+            candidates.append(lambda: mul_mat_id_gathered(w, x, ids, out))
+        best = min(candidates, key=lambda fn: median_time(fn, 3))
+        record(f"MUL_MAT_ID f32 {n_expert}x{m}x{k} top{n_used} n{n_tokens}", case, best)
 
 
 def _replay_overhead(backend) -> dict:

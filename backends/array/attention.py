@@ -16,8 +16,9 @@ from polydev.tensor import Tensor
 from .env import values_of
 from .softmax import alibi_slopes
 
-# scores per block of query rows, in elements (4 MiB of float32)
-SCORE_BLOCK = 1 << 20
+# scores per block of query rows, in elements (64 MiB of float32): big enough that each
+# block is a few large BLAS calls, small enough to bound the working memory
+SCORE_BLOCK = 1 << 24
 
 
 def _mask_by_head(xp, mask, n_seq: int, n_head_kv: int, group: int, n_q: int):
