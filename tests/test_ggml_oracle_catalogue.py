@@ -238,3 +238,19 @@ def test_wkv6_and_gla(cpu, ggml_backend, rng):
           [F32] * 6)
     check(cpu, ggml_backend, lambda c, *t: ops.gated_linear_attn(c, *t, 0.25),
           lambda c, *t: ggml.ggml_gated_linear_attn(c, *t, 0.25), [k, v, r, w, state], [F32] * 5)
+
+
+def test_soft_max_with_sinks(cpu, ggml_backend, rng):
+    a, mask = u(rng, (1, 4, 6, 33), -5, 5), u(rng, (1, 1, 6, 33), -3, 0).astype(np.float16)
+    sinks = u(rng, (4,), -2, 2)
+
+    def ours(c, x, m, s):
+        t = ops.soft_max_ext(c, x, m, 0.7, 0.0)
+        ops.soft_max_add_sinks(t, s)
+        return t
+
+    def theirs(c, x, m, s):
+        t = ggml.ggml_soft_max_ext(c, x, m, 0.7, 0.0)
+        ggml.ggml_soft_max_add_sinks(t, s)
+        return t
+    check(cpu, ggml_backend, ours, theirs, [a, mask, sinks], [F32, F16, F32], 1e-6)
