@@ -98,6 +98,10 @@ def _soft_max_ok(node: Tensor) -> bool:
                                 or node.src[1].type in FLOATS)
 
 
+def _src_float(node: Tensor) -> bool:
+    return node.src[0].type in FLOATS
+
+
 def _all_f32(node: Tensor) -> bool:
     return node.type == F32 and all(s is None or s.type == F32 for s in node.src)
 
@@ -140,8 +144,8 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.FILL: Kernel(elementwise.bind_fill, _float_same),
     Op.SUM: Kernel(reduce.bind_sum, _float_same),
     Op.SUM_ROWS: Kernel(reduce.bind_sum_rows, _float_same),
-    Op.MEAN: Kernel(reduce.bind_mean, lambda n: n.src[0].type in FLOATS),
-    Op.ARGMAX: Kernel(reduce.bind_argmax, lambda n: n.src[0].type in FLOATS),
+    Op.MEAN: Kernel(reduce.bind_mean, _src_float),
+    Op.ARGMAX: Kernel(reduce.bind_argmax, _src_float),
     Op.REPEAT: Kernel(movement.bind_repeat, lambda n: not needs_codec_any(n)),
     Op.CONCAT: Kernel(movement.bind_concat, lambda n: not needs_codec_any(n)),
     Op.PAD: Kernel(movement.bind_pad, _float_same),
@@ -168,15 +172,15 @@ KERNELS: dict[Hashable, Kernel] = {
     Op.CONV_2D_DW: Kernel(conv.bind_conv_2d_dw, _conv_ok),
     Op.CONV_TRANSPOSE_1D: Kernel(conv.bind_conv_transpose_1d, _conv_ok),
     Op.CONV_TRANSPOSE_2D: Kernel(conv.bind_conv_transpose_2d, _conv_ok),
-    Op.POOL_1D: Kernel(conv.bind_pool_1d, lambda n: n.src[0].type in FLOATS),
-    Op.POOL_2D: Kernel(conv.bind_pool_2d, lambda n: n.src[0].type in FLOATS),
+    Op.POOL_1D: Kernel(conv.bind_pool_1d, _src_float),
+    Op.POOL_2D: Kernel(conv.bind_pool_2d, _src_float),
     Op.SSM_CONV: Kernel(scan.bind_ssm_conv, _all_f32),
     Op.SSM_SCAN: Kernel(scan.bind_ssm_scan, lambda n: all(s.type == F32 for s in n.src[:6])),
     Op.RWKV_WKV6: Kernel(scan.bind_rwkv_wkv6, _all_f32),
     Op.GATED_LINEAR_ATTN: Kernel(scan.bind_gated_linear_attn, _all_f32),
     Op.GET_ROWS: Kernel(movement.bind_get_rows, _get_rows_ok),
     Op.GET_ROWS_BACK: Kernel(movement.bind_get_rows_back,
-                             lambda n: n.src[0].type in FLOATS and n.src[1].type == I32),
+                             lambda n: _src_float(n) and n.src[1].type == I32),
     Op.SET_ROWS: Kernel(movement.bind_set_rows, _set_rows_ok),
     Op.DIAG_MASK_INF: Kernel(softmax.bind_diag_mask_inf, _f32_only),
     Op.SOFT_MAX: Kernel(softmax.bind_soft_max, _soft_max_ok),

@@ -102,8 +102,7 @@ def bind_ssm_scan(env, node: Tensor) -> Callable[[], None]:
     def run() -> None:
         check_indices(xp, ids, states.shape[0], "ssm_scan")
         dt_sp = _softplus(xp, dt)                                    # (ns, nt, nh)
-        per_head = lambda m: xp.moveaxis(m[:, :, group_of_head], 1, 2)   # noqa: E731
-        k, q = per_head(bm), per_head(cm)                            # (ns, nh, nt, nc)
+        k, q = (xp.moveaxis(m[:, :, group_of_head], 1, 2) for m in (bm, cm))   # (ns, nh, nt, nc)
         v = xp.moveaxis(x * dt_sp[..., None], 1, 2)                  # (ns, nh, nt, nr)
         log_w = xp.moveaxis(dt_sp[..., None] * a[None, None], 1, 2)  # (ns, nh, nt, 1 or nc)
         state = xp.swapaxes(states[ids], -1, -2).astype(xp.float32)  # (ns, nh, nc, nr)
