@@ -6,6 +6,7 @@ The names here are the public API; see README.md for a tour.
 from . import ops
 from .alloc import (GraphAllocator, TensorAllocator, alloc_ctx_tensors, alloc_ctx_tensors_size,
                     tensor_alloc, view_init)
+from .compare import GraphCopy, compare_graph_backend, graph_copy
 from .buffer import (Buffer, BufferType, BufferUsage, DummyBuffer, MultiBuffer, tensor_copy,
                      tensor_get, tensor_get_2d, tensor_memset, tensor_set, tensor_set_2d)
 from .context import Context
@@ -28,5 +29,6 @@ __all__ = [
     "GraphPlan", "Reg", "tensor_copy_async", "PolydevError", "DEFAULT_GRAPH_SIZE", "Graph",
     "build_graph", "GluOp", "Op", "RopeMode", "UnaryOp", "device", "devices", "init_backend",
     "init_best_backend", "register", "registry", "Tensor", "TensorFlag", "GGMLType",
-    "TYPE_TRAITS", "dequantize", "quantize", "row_size",
+    "TYPE_TRAITS", "dequantize", "quantize", "row_size", "GraphCopy", "compare_graph_backend",
+    "graph_copy",
 ]

@@ -118,6 +118,11 @@ class Device:
         """Whether this device wants ``op`` even though its weights are in host memory."""
         return False
 
+    def supported_op_names(self) -> list[str] | None:
+        """The op names (unary and glu functions by their own names) in this device's kernel
+        table, for coverage reports; None where the device cannot list them."""
+        return None
+
     def event_new(self) -> "Event | None":
         """A new event, or None where the device has no events (callers then synchronize)."""
         return self._event_new() if self.caps.events else None

@@ -78,6 +78,19 @@ class Graph:
                 t.name = f"node_{len(self.nodes)}"
             self.nodes.append(t)
 
+    def add_node(self, tensor: Tensor) -> "Graph":
+        """Append ``tensor`` to the nodes as it is, whatever its op (ggml_graph_add_node).
+
+        Unlike ``build_forward_expand`` this neither visits sources nor sorts op-NONE tensors
+        into the leafs: test harnesses use it to make guard tensors part of a compared graph.
+        """
+        if len(self.nodes) >= self.size:
+            raise GraphError(f"graph node capacity {self.size} exceeded; create the graph "
+                             f"with a larger size")
+        self.nodes.append(tensor)
+        self._visited.add(id(tensor))
+        return self
+
     def view(self, i0: int, i1: int) -> "Graph":
         """The nodes [i0, i1) as a graph of their own, without leafs (ggml_graph_view)."""
         if not 0 <= i0 <= i1 <= len(self.nodes):

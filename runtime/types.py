@@ -224,3 +224,28 @@ def quantize(values: np.ndarray, type_: GGMLType) -> np.ndarray:
 def _copy_into(out: np.ndarray, values: np.ndarray) -> np.ndarray:
     np.copyto(out, values.reshape(out.shape))
     return out
+
+
+# byte offsets of the fp16 scale (and min) fields in each block layout polydev can decode
+_SCALE_FIELDS = {
+    "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,), "q2_K": (80, 82),
+    "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,), "iq4_nl": (0,),
+    "iq4_xs": (0,),
+}
+
+
+def random_blocks(type_: GGMLType, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_blocks`` valid random blocks of a block type, as raw bytes of shape (n, type_size).
+
+    Random bytes everywhere except the fp16 scale fields, which get small finite values, so
+    every block decodes to finite numbers of a sane size. This is how test data reaches the
+    types polydev can decode but not encode (Q2_K, Q3_K, the IQ4 formats).
+    """
+    tr = TYPE_TRAITS[type_]
+    if tr.name not in _SCALE_FIELDS:
+        raise TensorTypeError(f"polydev does not know the block layout of {tr.name}")
+    raw = rng.integers(0, 256, size=(n_blocks, tr.type_size), dtype=np.uint8)
+    for off in _SCALE_FIELDS[tr.name]:
+        scales = rng.uniform(0.001, 0.02, size=n_blocks).astype(np.float16)
+        raw[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    return raw

@@ -15,6 +15,7 @@ import pytest
 from polydev import Context, GGMLType, GluOp, RopeMode, UnaryOp, ops
 from polydev.errors import InvalidArgumentError
 from polydev.types import dequantize, quantize
+from polydev.types import random_blocks as _random_blocks
 
 from conftest import assert_close, compute
 
@@ -327,17 +328,9 @@ QTYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q
 
 
 def random_blocks(rng, qtype: GGMLType, rows: int, cols: int) -> np.ndarray:
-    """Valid random blocks of ``qtype``: random bytes with small finite fp16 scales."""
-    tr = qtype.traits
-    raw = rng.integers(0, 256, size=(rows, cols // tr.block_size, tr.type_size), dtype=np.uint8)
-    scale_fields = {  # byte offsets of the fp16 scale/min fields in each block layout
-        "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q2_K": [80, 82],
-        "q3_K": [108], "q4_K": [0, 2], "q5_K": [0, 2], "q6_K": [208], "iq4_nl": [0],
-        "iq4_xs": [0]}[tr.name]
-    for off in scale_fields:
-        vals = rng.uniform(0.001, 0.02, size=raw.shape[:2]).astype(np.float16)
-        raw[:, :, off:off + 2] = vals.view(np.uint8).reshape(raw.shape[:2] + (2,))
-    return raw.reshape(rows, -1)
+    """Valid random blocks of ``qtype`` as raw rows (see polydev.types.random_blocks)."""
+    n_blocks = rows * cols // qtype.traits.block_size
+    return _random_blocks(qtype, n_blocks, rng).reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=str)

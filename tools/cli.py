@@ -8,7 +8,7 @@ import sys
 
 from polydev.errors import PolydevError
 
-from . import devices
+from . import compare, devices
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="logging verbosity (default: WARNING)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     devices.add_parser(sub)
+    compare.add_parser(sub)
     return parser
 
 

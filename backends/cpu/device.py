@@ -11,7 +11,7 @@ from polydev.buffer import Buffer, BufferType
 from polydev.device import Backend, Device, DeviceCaps, DeviceType, Reg
 from polydev.tensor import Tensor
 
-from polydev.backends.array import find_kernel
+from polydev.backends.array import find_kernel, supported_op_names
 
 from .backend import CPUBackend
 from .buffer import CPUBufferType, CPUMappedBufferType
@@ -77,6 +77,9 @@ class CPUDevice(Device):
 
     def supports_buft(self, buft: BufferType) -> bool:
         return buft.is_host
+
+    def supported_op_names(self) -> list[str]:
+        return supported_op_names()
 
     def set_blas_threads(self, n_threads: int) -> None:
         try:

@@ -84,8 +84,12 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: i
     _check(0 < n_dims <= a.ne[0] and n_dims % 2 == 0, "rope",
            f"n_dims={n_dims} must be even and at most ne[0] of {_ne(a)}", InvalidArgumentError)
     if freq_factors is not None:
-        _check(freq_factors.type == GGMLType.F32 and freq_factors.ne[0] >= n_dims // 2, "rope",
-               f"freq_factors {_ne(freq_factors)} must be f32 with >= n_dims/2 values")
+        # vision mode rotates n_dims pairs (i, i + n_dims), one factor each; ggml asks for only
+        # n_dims/2 values there and then reads past them, so polydev asks for all it reads
+        n_factors = n_dims if mode == RopeMode.VISION else n_dims // 2
+        _check(freq_factors.type == GGMLType.F32 and freq_factors.ne[0] >= n_factors, "rope",
+               f"freq_factors {_ne(freq_factors)} must be f32 with >= {n_factors} values "
+               f"(n_dims={n_dims}, mode {mode})")
     secs = (0, 0, 0, 0)
     if mode & RopeMode.MROPE:
         _check(mode in (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE), "rope",

@@ -1,0 +1,172 @@
+"""``polydev compare``: every device against the CPU backend, op by op (test-backend-ops)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+import numpy as np
+
+import polydev
+from polydev import Device
+from polydev.errors import InvalidArgumentError
+
+from .case import Case
+from .catalogue import all_op_names, check_op_filter, eval_cases, parse_op_filter, perf_cases, \
+    select
+from .coverage import coverage_report
+from .report import ConsolePrinter, Printer, make_printer
+from .runner import Result, Status, run_perf, run_support, run_test
+
+REFERENCE_DEVICE = "CPU"
+CHUNK = 100            # cases per job with -j, as test-backend-ops hands them out
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare", help="check every device's ops against the CPU backend (test-backend-ops)",
+        description="Run the op cases on each device and compare every result with the CPU "
+                    "backend (mode test), time them (perf) or ask which are supported (support). "
+                    "Exit status 0 only if every tested device passed.")
+    p.add_argument("mode", nargs="?", default="test", choices=["test", "perf", "support"],
+                   help="test (default): compare with the CPU; perf: time realistic sizes; "
+                        "support: list SUPPORTED / NOT SUPPORTED without computing")
+    p.add_argument("-o", dest="ops", metavar="OPS",
+                   help="comma-separated op names (ADD,MUL_MAT,SILU) or full case names "
+                        "'OP(vars)'")
+    p.add_argument("-b", dest="devices", metavar="DEVICES",
+                   help="comma-separated device names to test (default: every device)")
+    p.add_argument("-p", dest="params", metavar="REGEX",
+                   help="only cases whose parameters match this regular expression")
+    p.add_argument("--output", choices=["console", "csv", "json"], default="console",
+                   help="console (default; coloured on a terminal), csv or json")
+    p.add_argument("--list-ops", action="store_true", help="print every op name and exit")
+    p.add_argument("--show-coverage", action="store_true",
+                   help="which ops have cases and which devices have kernels for them")
+    p.add_argument("-j", dest="jobs", type=int, default=1, metavar="N",
+                   help="parallel jobs in test mode, each with its own backends (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_ops:
+        print("\n".join(all_op_names()))
+        return 0
+    devices = polydev.devices()
+    if args.show_coverage:
+        print(coverage_report(eval_cases(), devices))
+        return 0
+    cases = _selected_cases(args)
+    if args.jobs < 1:
+        raise InvalidArgumentError(f"-j needs a positive number of jobs, got {args.jobs}")
+    wanted = _wanted_devices(args.devices)
+    printer = make_printer(args.output)
+    if isinstance(printer, ConsolePrinter):
+        printer.start(len(devices))
+    devices_ok, failures = 0, []
+    for i, device in enumerate(devices):
+        if wanted is not None and device.name.lower() not in wanted:
+            printer.device_header(i, len(devices), device.name, skip_reason="Skipping")
+            devices_ok += 1
+            continue
+        printer.device_header(i, len(devices), device.name, device.description, device.memory())
+        results = _run_device(device, cases, args, printer)
+        failed = [r for r in results if r.status is Status.FAIL]
+        ok = not failed
+        if args.mode == "test":
+            passed = sum(r.status is Status.OK for r in results)
+            supported = sum(r.status is not Status.NOT_SUPPORTED for r in results)
+            printer.device_summary(device.name, passed, supported, ok)
+        devices_ok += ok
+        failures += failed
+    printer.finish(devices_ok, len(devices), failures, args.mode)
+    return 0 if devices_ok == len(devices) else 1
+
+
+def _selected_cases(args: argparse.Namespace) -> list[Case]:
+    op_filter = parse_op_filter(args.ops) if args.ops else None
+    if op_filter:
+        check_op_filter(op_filter)
+    if args.params:
+        try:
+            re.compile(args.params)
+        except re.error as e:
+            raise InvalidArgumentError(f"-p {args.params!r} is not a regular expression: {e}")
+    source = perf_cases() if args.mode == "perf" else eval_cases()
+    cases = list(select(source, op_filter, args.params))
+    if not cases:
+        print("polydev compare: no case matches the -o/-p filters", file=sys.stderr)
+    return cases
+
+
+def _wanted_devices(names: str | None) -> set[str] | None:
+    if not names:
+        return None
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    for name in wanted:          # an unknown name is a mistake, not a silent skip
+        polydev.device(name)
+    return {polydev.device(n).name.lower() for n in wanted}
+
+
+def _run_device(device: Device, cases: Sequence[Case], args: argparse.Namespace,
+                printer: Printer) -> list[Result]:
+    progress = _Progress(device.name, len(cases), enabled=args.output != "console")
+    reference = polydev.device(REFERENCE_DEVICE)
+
+    def run_chunk(chunk: Sequence[Case], seed: int, report: Callable[[Result], None]) -> list:
+        rng = np.random.default_rng(seed)
+        out = []
+        with device.init_backend() as backend:
+            if args.mode == "test":
+                with reference.init_backend() as ref:
+                    for c in chunk:
+                        out.append(run_test(c, backend, ref, rng))
+                        report(out[-1])
+            else:
+                run_one = run_perf if args.mode == "perf" else None
+                for c in chunk:
+                    out.append(run_one(c, backend, rng) if run_one else run_support(c, backend))
+                    report(out[-1])
+        return out
+
+    def report(r: Result) -> None:
+        printer.result(r)
+        progress.step()
+
+    try:
+        if args.jobs == 1 or args.mode != "test":
+            return run_chunk(cases, args.seed, report)
+        chunks = [cases[i:i + CHUNK] for i in range(0, len(cases), CHUNK)]
+        results: list[Result] = []
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = [pool.submit(run_chunk, chunk, args.seed + i, lambda r: None)
+                       for i, chunk in enumerate(chunks)]
+            for future in futures:          # printed in catalogue order, chunk by chunk
+                for r in future.result():
+                    report(r)
+                    results.append(r)
+        return results
+    finally:
+        progress.done()
+
+
+class _Progress:
+    """A one-line counter on stderr while csv/json goes to stdout (terminal only)."""
+
+    def __init__(self, name: str, total: int, enabled: bool) -> None:
+        self.name, self.total, self.n = name, total, 0
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def step(self) -> None:
+        self.n += 1
+        if self.enabled and (self.n % 20 == 0 or self.n == self.total):
+            print(f"\r{self.name}: {self.n}/{self.total} cases", end="", file=sys.stderr,
+                  flush=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
