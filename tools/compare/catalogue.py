@@ -30,11 +30,12 @@ def all_op_names() -> list[str]:
 
 
 def eval_cases() -> list[Case]:
-    """The cases of ``test`` and ``support`` mode."""
-    cases: list[Case] = []
+    """The cases of ``test`` and ``support`` mode, each name once (sweeps may overlap)."""
+    cases: dict[str, Case] = {}
     for module in (cases_math, cases_layout, cases_products, cases_conv):
-        cases.extend(module.cases())
-    return cases
+        for c in module.cases():
+            cases.setdefault(c.name, c)
+    return list(cases.values())
 
 
 def perf_cases() -> list[Case]:

@@ -50,8 +50,8 @@ class Printer:
 
 
 class ConsolePrinter(Printer):
-    def __init__(self, stream: TextIO = sys.stdout, colour: bool | None = None) -> None:
-        self.out = stream
+    def __init__(self, stream: TextIO | None = None, colour: bool | None = None) -> None:
+        self.out = stream = stream or sys.stdout
         self.colour = use_colour(stream) if colour is None else colour
 
     def _paint(self, text: str, colour: str) -> str:
@@ -119,7 +119,8 @@ class ConsolePrinter(Printer):
 class CsvPrinter(Printer):
     """test-backend-ops' csv: one row per case, its seven columns (supported as 0/1)."""
 
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
+        stream = stream or sys.stdout
         self.writer = csv.writer(stream, quoting=csv.QUOTE_ALL, lineterminator="\n")
         self.writer.writerow(CSV_FIELDS)
         self.stream = stream
@@ -135,8 +136,8 @@ class JsonPrinter(Printer):
     """One JSON document at the end: the csv fields of every case (plus ``passed``, and the
     figures in perf mode), a summary per device and the overall verdict."""
 
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
         self.results: list[dict] = []
         self.devices: list[dict] = []
 
@@ -161,5 +162,5 @@ class JsonPrinter(Printer):
         self.stream.write("\n")
 
 
-def make_printer(output: str, stream: TextIO = sys.stdout) -> Printer:
+def make_printer(output: str, stream: TextIO | None = None) -> Printer:
     return {"console": ConsolePrinter, "csv": CsvPrinter, "json": JsonPrinter}[output](stream)
