@@ -76,15 +76,23 @@ def copy_cases() -> Iterator[Case]:
     yield _cpy(F32, F32, (2, 2097121, 1, 1), (1, 0, 2, 3))        # many short rows
     for type_ in (F32, F16, I32):
         for ne in ((10, 10, 10, 1), (2, 3, 5, 7), (1, 8, 17, 1)):
-            yield _dup(type_, ne)
+            for view in ("permute", "transpose", "reshape"):
+                yield _dup(type_, ne, view)
             yield _cont(type_, ne, (2, 1, 0, 3))
             yield _cont(type_, ne, (0, 2, 1, 3))
 
 
-def _dup(type_: GGMLType, ne) -> Case:
+def _dup(type_: GGMLType, ne, view: str = "permute") -> Case:
     def build(ctx: CaseContext):
-        return ops.dup(ctx, ctx.permute(ctx.input(type_, ne, "src"), 0, 2, 1, 3))
-    return case("DUP", build, max_err=0.0, type=type_, ne=ne, permute=(0, 2, 1, 3))
+        src = ctx.input(type_, ne, "src")
+        if view == "permute":
+            src = ctx.permute(src, 0, 2, 1, 3)
+        elif view == "transpose":
+            src = ctx.transpose(src)
+        else:    # a reshape that merges the first two dimensions
+            src = ctx.reshape(src, ne[0] * ne[1], ne[2], ne[3])
+        return ops.dup(ctx, src)
+    return case("DUP", build, max_err=0.0, type=type_, ne=ne, view=view)
 
 
 def _cont(type_: GGMLType, ne, perm) -> Case:
