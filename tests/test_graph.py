@@ -56,6 +56,10 @@ def test_graph_order_leafs_and_views():
     assert sub.nodes == g.nodes[1:3] and sub.n_leafs == 0
     with pytest.raises(GraphError):
         g.view(2, 9)
+    g.add_node(x)                        # ggml_graph_add_node: appended as a node, as it is
+    assert g.nodes[-1] is x and len(g.nodes) == 4 and len(g.leafs) == 2
+    with pytest.raises(GraphError, match="capacity"):
+        build_graph(z, size=3).add_node(x)
 
 
 def test_deep_graph_has_no_recursion_limit():

@@ -178,13 +178,16 @@ def _pair_source(i, sections, mode):
     return which, (sector - bounds[which]) if mode == RopeMode.VISION else i
 
 
-def _mrope_ref(x, pos4, n_dims, sections, mode, freq_base=10000.0, freq_scale=1.0):
+def _mrope_ref(x, pos4, n_dims, sections, mode, freq_base=10000.0, freq_scale=1.0,
+               freq_factors=None):
     x = x.astype(np.float64).copy()
     n_pairs = n_dims if mode == RopeMode.VISION else n_dims // 2
     theta = np.empty((pos4.shape[1], n_pairs))
     for i in range(n_pairs):
         which, step = _pair_source(i, sections, mode)
         theta[:, i] = pos4[which] * freq_base ** (-2.0 * step / n_dims)
+    if freq_factors is not None:       # one divisor per rotated pair
+        theta /= freq_factors[:n_pairs]
     theta *= freq_scale
     cos, sin = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
     x0, x1 = x[..., :n_pairs].copy(), x[..., n_pairs:2 * n_pairs].copy()
@@ -208,6 +211,19 @@ def test_rope_multi(backend, rng, mode, head_dim, n_dims, sections):
     assert_close(out, _mrope_ref(a, pos4, n_dims, sections, mode, freq_scale=0.5))
 
 
+@pytest.mark.parametrize("mode,head_dim,n_dims,sections", [
+    (RopeMode.MROPE, 128, 128, (16, 24, 24, 0)), (RopeMode.VISION, 80, 40, (10, 10, 10, 10))])
+def test_rope_multi_with_freq_factors(backend, rng, mode, head_dim, n_dims, sections):
+    n_tokens = 5
+    a = f32(rng, (1, n_tokens, 3, head_dim))
+    pos4 = rng.integers(0, 500, size=(4, n_tokens)).astype(np.int32)
+    n_factors = n_dims if mode == RopeMode.VISION else n_dims // 2   # vision: one per pair
+    ff = rng.uniform(0.9, 1.1, size=n_factors).astype(np.float32)
+    out = compute(backend, lambda ctx, x, p, f: ops.rope_multi(ctx, x, p, f, n_dims, sections,
+                                                               mode), a, pos4.reshape(-1), ff)
+    assert_close(out, _mrope_ref(a, pos4, n_dims, sections, mode, freq_factors=ff))
+
+
 def test_rope_multi_validates():
     from polydev import Context
     ctx = Context()
@@ -219,3 +235,6 @@ def test_rope_multi_validates():
         ops.rope_multi(ctx, a, pos, None, 64, (8, 8, 8, 8), RopeMode.VISION)   # needs n_dims 32
     with pytest.raises(ShapeError):
         ops.rope_multi(ctx, a, ctx.new_tensor(GGMLType.I32, (3,)), None, 64, (8, 8, 8, 0))
+    with pytest.raises(ShapeError, match="freq_factors"):     # vision reads n_dims factors
+        ops.rope_multi(ctx, a, pos, ctx.new_tensor(GGMLType.F32, (16,)), 32, (8, 8, 8, 8),
+                       RopeMode.VISION)
