@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -117,20 +118,19 @@ def _run_device(device: Device, cases: Sequence[Case], args: argparse.Namespace,
     progress = _Progress(device.name, len(cases), enabled=args.output != "console")
     reference = polydev.device(REFERENCE_DEVICE)
 
+    def run_case(c: Case, backend, ref, rng) -> Result:
+        if args.mode == "test":
+            return run_test(c, backend, ref, rng)
+        return run_perf(c, backend, rng) if args.mode == "perf" else run_support(c, backend)
+
     def run_chunk(chunk: Sequence[Case], seed: int, report: Callable[[Result], None]) -> list:
         rng = np.random.default_rng(seed)
         out = []
-        with device.init_backend() as backend:
-            if args.mode == "test":
-                with reference.init_backend() as ref:
-                    for c in chunk:
-                        out.append(run_test(c, backend, ref, rng))
-                        report(out[-1])
-            else:
-                run_one = run_perf if args.mode == "perf" else None
-                for c in chunk:
-                    out.append(run_one(c, backend, rng) if run_one else run_support(c, backend))
-                    report(out[-1])
+        with device.init_backend() as backend, \
+                (reference.init_backend() if args.mode == "test" else nullcontext()) as ref:
+            for c in chunk:
+                out.append(run_case(c, backend, ref, rng))
+                report(out[-1])
         return out
 
     def report(r: Result) -> None:

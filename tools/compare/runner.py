@@ -133,7 +133,7 @@ class NodeChecker:
         return None
 
 
-def supported_everywhere(ctx: CaseContext, backends: list[Backend]) -> list[str]:
+def unsupported_by(ctx: CaseContext, backends: list[Backend]) -> list[str]:
     """The names of the backends that cannot run some tensor of the case (empty: all can)."""
     tensors = ctx.weights.tensors + ctx.tensors
     names = [b.name for b in backends if not all(b.supports_op(t) for t in tensors)]
@@ -163,7 +163,7 @@ def run_test(case: Case, backend: Backend, reference: Backend,
     ctx = CaseContext(guards=True)
     ctx.add_guard(ctx)                       # before the graph's first tensor
     out = case.build(ctx)
-    unsupported = supported_everywhere(ctx, [backend, reference])
+    unsupported = unsupported_by(ctx, [backend, reference])
     if unsupported:
         return _result(case, backend, "test", False, False, ", ".join(unsupported))
     ctx.add_guard(ctx)                       # after its last one
