@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .errors import (AllocationError, ClosedError, NotAllocatedError, OutOfBoundsError,
-                     ShapeError, UnsupportedError)
+from .errors import (AllocationError, ClosedError, InvalidArgumentError, NotAllocatedError,
+                     OutOfBoundsError, ShapeError, UnsupportedError)
 from .tensor import Tensor
 
 if TYPE_CHECKING:
@@ -337,6 +337,21 @@ def tensor_get_2d(t: Tensor, out: np.ndarray, offset: int, size: int, n_copies: 
     flat = out.reshape(-1).view(np.uint8)
     for i in range(n_copies):
         tensor_get(t, offset + i * stride_tensor, size, flat[i * stride_data:i * stride_data + size])
+
+
+def wrap_host_memory(host) -> np.ndarray:
+    """User memory (numpy array, memoryview, bytes, mmap) as a flat uint8 array, no copy: what
+    ``buffer_from_host_ptr`` implementations wrap. Read-only memory stays read-only."""
+    if isinstance(host, np.ndarray):
+        if not host.flags.c_contiguous:
+            raise InvalidArgumentError("buffer_from_host_ptr needs C-contiguous memory, got an "
+                                       f"array with strides {host.strides}")
+        return host.reshape(-1).view(np.uint8)
+    try:
+        return np.frombuffer(host, dtype=np.uint8)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"cannot wrap {type(host).__name__} as host memory: {e}") \
+            from None
 
 
 def host_bytes(t: Tensor) -> np.ndarray:

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from polydev.buffer import Buffer, BufferType
-from polydev.errors import InvalidArgumentError, UnsupportedError
+from polydev.buffer import Buffer, BufferType, wrap_host_memory
+from polydev.errors import UnsupportedError
 from polydev.tensor import Tensor
 
 ALIGNMENT = 64   # cache-line aligned base, and the alignment of every tensor in it
@@ -75,15 +75,4 @@ class CPUMappedBufferType(BufferType):
 
     def wrap(self, host: Any) -> Buffer:
         """A buffer over ``host`` (numpy array, memoryview, bytes, mmap) without copying."""
-        if isinstance(host, np.ndarray):
-            if not host.flags.c_contiguous:
-                raise InvalidArgumentError("buffer_from_host_ptr needs C-contiguous memory, got "
-                                           f"an array with strides {host.strides}")
-            array = host.reshape(-1).view(np.uint8)
-        else:
-            try:
-                array = np.frombuffer(host, dtype=np.uint8)
-            except (TypeError, ValueError) as e:
-                raise InvalidArgumentError(f"cannot wrap {type(host).__name__} as host memory: "
-                                           f"{e}") from None
-        return HostBuffer(self, array)
+        return HostBuffer(self, wrap_host_memory(host))

@@ -1,0 +1,40 @@
+"""The OpenCL backend (pyopencl): a device per OpenCL device of every platform.
+
+Registered through the ``polydev.backends`` entry point ``opencl``. Without pyopencl, or
+without an OpenCL platform, the reg has no devices and says why (``polydev devices
+--verbose``); importing this package never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from polydev.device import Reg
+
+log = logging.getLogger(__name__)
+
+_reg: Reg | None = None
+
+
+def register() -> Reg:
+    """The OpenCL reg (one per process; devices are enumerated once)."""
+    global _reg
+    if _reg is None:
+        _reg = _make_reg()
+    return _reg
+
+
+def _make_reg() -> Reg:
+    try:
+        import pyopencl as cl
+    except Exception as e:       # not installed, or its ICD loader is broken
+        return Reg("OpenCL", unavailable_reason=f"pyopencl is not usable ({e}); "
+                   f"pip install 'polydev[opencl]'")
+    from .device import OpenCLDevice
+    from .platform import discover
+    found, reason = discover(cl)
+    devices = [OpenCLDevice(i, ctx, dev) for i, (ctx, dev) in enumerate(found)]
+    return Reg("OpenCL", devices, unavailable_reason=reason)
+
+
+__all__ = ["register"]

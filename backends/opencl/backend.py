@@ -1,0 +1,153 @@
+"""The OpenCL backend: an in-order command queue, its graph plans, async copies and events.
+
+Async reads and writes are non-blocking enqueues whose host memory pyopencl keeps alive until
+they finish; a copy between two devices of one context runs on the source's queue and the
+destination's queue waits for it with a barrier; events are markers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from polydev.device import Backend, Event, GraphPlan
+from polydev.errors import UnsupportedOpError
+from polydev.graph import Graph
+from polydev.ops import VIEW_OPS, Op, op_desc
+from polydev.tensor import Tensor
+
+from .buffer import OpenCLBuffer
+from .device import OpenCLDevice
+from .kernels import find_kernel
+
+
+class OpenCLEvent(Event):
+    """A marker on the queue that recorded it; other queues of the context wait with a
+    barrier, the host with ``synchronize``."""
+
+    def __init__(self, device: OpenCLDevice) -> None:
+        super().__init__(device)
+        self.marker = None
+
+    def _synchronize(self) -> None:
+        if self.marker is not None:
+            self.marker.wait()
+
+    def _free(self) -> None:
+        self.marker = None
+
+
+class OpenCLGraphPlan(GraphPlan):
+    def __init__(self, graph: Graph, calls: list[Callable[[], None]]) -> None:
+        super().__init__(graph)
+        self.calls = calls
+
+
+class OpenCLBackend(Backend):
+    """One in-order queue on an OpenCL device."""
+
+    def __init__(self, device: OpenCLDevice) -> None:
+        super().__init__(device)
+        self.queue = device.cl.CommandQueue(device.platform.context, device.cl_device)
+        self._in_flight: list = []      # events of async transfers (they pin host memory)
+        device.platform.track(self)
+
+    # --- data movement --------------------------------------------------------------------------
+
+    def _cl_buffer(self, t: Tensor):
+        buf = t.buffer
+        if isinstance(buf, OpenCLBuffer) and buf.device.platform is self.device.platform:
+            return buf.cl_buffer
+        return None
+
+    def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
+        target = self._cl_buffer(t)
+        if target is None:                  # memory of another kind: the blocking path
+            self.synchronize()
+            from polydev.buffer import tensor_set
+            tensor_set(t, data, offset)
+            return
+        raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else \
+            np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self._in_flight.append(self.device.cl.enqueue_copy(
+            self.queue, target, raw, dst_offset=t.offset + offset, is_blocking=False))
+        t.buffer.mark_modified()
+
+    def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+        source = self._cl_buffer(t)
+        if source is None:
+            self.synchronize()
+            from polydev.buffer import tensor_get
+            tensor_get(t, offset, out.nbytes, out)
+            return
+        self._in_flight.append(self.device.cl.enqueue_copy(
+            self.queue, out.reshape(-1).view(np.uint8), source, src_offset=t.offset + offset,
+            is_blocking=False))
+
+    def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
+        """Device to device within one context: the copy runs on the source's queue, after
+        its work; this queue waits for it."""
+        if not isinstance(backend_src, OpenCLBackend) or \
+                backend_src.device.platform is not self.device.platform:
+            return False
+        s, d = self._cl_buffer(src), self._cl_buffer(dst)
+        if s is None or d is None:
+            return False
+        cl = self.device.cl
+        done = cl.enqueue_copy(backend_src.queue, d, s, byte_count=src.nbytes,
+                               src_offset=src.offset, dst_offset=dst.offset)
+        cl.enqueue_barrier(self.queue, wait_for=[done])
+        dst.buffer.mark_modified()
+        return True
+
+    def finish_queue(self) -> None:
+        """Wait for this queue (blocking transfers of the context call this)."""
+        if not self.closed:
+            self.queue.finish()
+
+    def _synchronize(self) -> None:
+        self.queue.finish()
+        self._in_flight.clear()
+
+    # --- compute --------------------------------------------------------------------------------
+
+    def bind(self, node: Tensor) -> Callable[[], None]:
+        """The call that enqueues ``node``'s kernel (arguments set once)."""
+        kernel = find_kernel(node)
+        if kernel is None:
+            types = ", ".join(f"{s.type}" for s in node.src if s is not None)
+            raise UnsupportedOpError(f"{self.name} has no kernel for {op_desc(node)} of "
+                                     f"{node.name!r} (result {node.type}, sources {types})")
+        return kernel.bind(self, node)
+
+    def _graph_plan_create(self, graph: Graph) -> OpenCLGraphPlan:
+        calls = [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
+        return OpenCLGraphPlan(graph, calls)
+
+    def _graph_plan_compute(self, plan: OpenCLGraphPlan) -> None:
+        for call in plan.calls:
+            call()
+
+    def _graph_compute(self, graph: Graph) -> None:
+        self._graph_plan_compute(self._graph_plan_create(graph))
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def _event_record(self, event: Event) -> None:
+        event.marker = self.device.cl.enqueue_marker(self.queue)
+
+    def _event_wait(self, event: Event) -> None:
+        marker = getattr(event, "marker", None)
+        if marker is None:
+            return
+        same_context = isinstance(event.device, OpenCLDevice) and \
+            event.device.platform is self.device.platform
+        if same_context:
+            self.device.cl.enqueue_barrier(self.queue, wait_for=[marker])
+        else:                 # events cannot cross contexts: the host waits instead
+            marker.wait()
+
+    def _free(self) -> None:
+        self.queue.finish()
+        self._in_flight.clear()

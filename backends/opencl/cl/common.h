@@ -1,0 +1,143 @@
+// Shared by every polydev OpenCL program: tensor arguments, F16 through vload_half /
+// vstore_half (PoCL has no cl_khr_fp16), and the dequantizers of ggml's block formats.
+
+// numpy rounds a * b + c twice; so must we (no silent fused multiply-adds)
+#pragma OPENCL FP_CONTRACT OFF
+
+// A tensor argument: its cl_mem, byte offset, ne[4] and nb[4] (ggml's layout).
+#define TENSOR(t) global char * t##_data, ulong t##_offs, \
+    int t##_ne0, int t##_ne1, int t##_ne2, int t##_ne3, \
+    ulong t##_nb0, ulong t##_nb1, ulong t##_nb2, ulong t##_nb3
+
+// The address of element (i0, i1, i2, i3) of a tensor of a plain type.
+#define ADDR(t, i0, i1, i2, i3) (t##_data + t##_offs + (ulong)(i0) * t##_nb0 + \
+    (ulong)(i1) * t##_nb1 + (ulong)(i2) * t##_nb2 + (ulong)(i3) * t##_nb3)
+
+// The start of row (i1, i2, i3): block formats are addressed by rows.
+#define ROW(t, i1, i2, i3) (t##_data + t##_offs + (ulong)(i1) * t##_nb1 + \
+    (ulong)(i2) * t##_nb2 + (ulong)(i3) * t##_nb3)
+
+inline float load_f32(const global char * p) { return *(const global float *) p; }
+inline float load_f16(const global char * p) { return vload_half(0, (const global half *) p); }
+inline float load_i32(const global char * p) { return (float) *(const global int *) p; }
+inline void store_f32(global char * p, float v) { *(global float *) p = v; }
+inline void store_f16(global char * p, float v) { vstore_half_rte(v, 0, (global half *) p); }
+inline void store_i32(global char * p, float v) { *(global int *) p = (int) v; }
+
+// Type-generic loads and stores, chosen per program with -D SRC0_T=f32 (etc.); a program
+// that does not name a type gets f32 (its kernels that would use it are not called).
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#ifndef SRC0_T
+#define SRC0_T f32
+#endif
+#ifndef SRC1_T
+#define SRC1_T f32
+#endif
+#ifndef DST_T
+#define DST_T f32
+#endif
+#ifndef MASK_T
+#define MASK_T f32
+#endif
+#ifndef IDX_T
+#define IDX_T int
+#endif
+#define LOAD0(p) CAT(load, SRC0_T)(p)
+#define LOAD1(p) CAT(load, SRC1_T)(p)
+#define LOADM(p) CAT(load, MASK_T)(p)
+#define STORE(p, v) CAT(store, DST_T)(p, v)
+
+// --- block formats: element i of a row (ggml's dequantize_row_* element by element) --------
+
+inline float f16_at(const global uchar * p) { return vload_half(0, (const global half *) p); }
+
+inline float deq_q4_0(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 32) * 18;
+    int j = i % 32;
+    int q = j < 16 ? (b[2 + j] & 0xF) : (b[2 + j - 16] >> 4);
+    return (q - 8) * f16_at(b);
+}
+
+inline float deq_q4_1(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 32) * 20;
+    int j = i % 32;
+    int q = j < 16 ? (b[4 + j] & 0xF) : (b[4 + j - 16] >> 4);
+    return q * f16_at(b) + f16_at(b + 2);
+}
+
+inline int q5_high_bit(const global uchar * qh, int j) {
+    uint h = qh[0] | (qh[1] << 8) | (qh[2] << 16) | ((uint) qh[3] << 24);
+    return j < 16 ? ((h >> j) << 4) & 0x10 : (h >> (j - 16 + 12)) & 0x10;
+}
+
+inline float deq_q5_0(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 32) * 22;
+    int j = i % 32;
+    int q = (j < 16 ? (b[6 + j] & 0xF) : (b[6 + j - 16] >> 4)) | q5_high_bit(b + 2, j);
+    return (q - 16) * f16_at(b);
+}
+
+inline float deq_q5_1(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 32) * 24;
+    int j = i % 32;
+    int q = (j < 16 ? (b[8 + j] & 0xF) : (b[8 + j - 16] >> 4)) | q5_high_bit(b + 4, j);
+    return q * f16_at(b) + f16_at(b + 2);
+}
+
+inline float deq_q8_0(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 32) * 34;
+    return ((const global char *) b)[2 + i % 32] * f16_at(b);
+}
+
+// the 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block (get_scale_min_k4)
+inline void scale_min_k4(int j, const global uchar * q, float * sc, float * m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+inline float deq_q4_K(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 256) * 144;
+    int e = i % 256, g = e / 64, hi = (e % 64) / 32, l = e % 32;
+    float sc, m;
+    scale_min_k4(2 * g + hi, b + 4, &sc, &m);
+    uchar byte = b[16 + 32 * g + l];
+    int q = hi ? byte >> 4 : byte & 0xF;
+    return f16_at(b) * sc * q - f16_at(b + 2) * m;
+}
+
+inline float deq_q5_K(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 256) * 176;
+    int e = i % 256, g = e / 64, hi = (e % 64) / 32, l = e % 32;
+    float sc, m;
+    scale_min_k4(2 * g + hi, b + 4, &sc, &m);
+    uchar byte = b[48 + 32 * g + l];
+    int q = (hi ? byte >> 4 : byte & 0xF) + ((b[16 + l] >> (2 * g + hi)) & 1) * 16;
+    return f16_at(b) * sc * q - f16_at(b + 2) * m;
+}
+
+inline float deq_q6_K(const global uchar * row, int i) {
+    const global uchar * b = row + (i / 256) * 210;
+    int e = i % 256, h = e / 128, w = e % 128, quarter = w / 32, l = w % 32;
+    const global uchar * ql = b + 64 * h;
+    const global uchar * qh = b + 128 + 32 * h;
+    const global char * sc = (const global char *) (b + 192 + 8 * h);
+    int low = (quarter & 1) ? ql[l + 32] : ql[l];
+    low = (quarter & 2) ? low >> 4 : low & 0xF;
+    int q = (low | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+    return f16_at(b + 208) * sc[l / 16 + 2 * quarter] * q;
+}
+
+inline float deq_f32(const global uchar * row, int i) { return ((const global float *) row)[i]; }
+inline float deq_f16(const global uchar * row, int i) {
+    return vload_half(i, (const global half *) row);
+}
+
+#ifdef QUANT_T
+#define DEQ(row, i) CAT(deq, QUANT_T)(row, i)
+#endif

@@ -1,0 +1,52 @@
+// MUL_MAT: dst(i01, i11, i12, i13) = sum_k src0(k, i01, i02, i03) * src1(k, i11, i12, i13),
+// src0 broadcast over src1's dims 2 and 3. Quantized src0 rows (QUANT_T) are dequantized
+// while they are read; otherwise SRC0_T. Built with -D LS (mat-vec) and -D TS (tiles).
+
+#ifdef QUANT_T
+#define A_AT(k, i01, i02, i03) DEQ((const global uchar *) ROW(src0, i01, i02, i03), k)
+#else
+#define A_AT(k, i01, i02, i03) LOAD0(ADDR(src0, k, i01, i02, i03))
+#endif
+#define B_AT(k, i11, i12, i13) LOAD1(ADDR(src1, k, i11, i12, i13))
+
+// Decode (a few columns): one work-group per (row of src0, column of src1), NDRange
+// (LS, ne01, ne11 * ne12 * ne13); the work-items stride over k and reduce in local memory.
+kernel void mul_mat_vec(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
+    local float buf[LS];
+    int lid = get_local_id(0), i01 = get_global_id(1), c = get_global_id(2);
+    int i11 = c % src1_ne1, i12 = (c / src1_ne1) % src1_ne2, i13 = c / (src1_ne1 * src1_ne2);
+    int i02 = i12 / (src1_ne2 / src0_ne2), i03 = i13 / (src1_ne3 / src0_ne3);
+    float s = 0.0f;
+    for (int k = lid; k < src0_ne0; k += LS) s += A_AT(k, i01, i02, i03) * B_AT(k, i11, i12, i13);
+    buf[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = LS / 2; w > 0; w >>= 1) {
+        if (lid < w) buf[lid] += buf[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) *(global float *) ADDR(dst, i01, i11, i12, i13) = buf[0];
+}
+
+// Batches: TS x TS output tiles, NDRange (ceil(ne01/TS)*TS, ceil(ne11/TS)*TS, ne12 * ne13),
+// with the k loop staged through local memory one TS-wide slice at a time.
+kernel void mul_mat_tiled(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
+    local float as[TS][TS + 1];
+    local float bs[TS][TS + 1];
+    int lx = get_local_id(0), ly = get_local_id(1);
+    int r0 = get_group_id(0) * TS, c0 = get_group_id(1) * TS, b = get_global_id(2);
+    int i12 = b % src1_ne2, i13 = b / src1_ne2;
+    int i02 = i12 / (src1_ne2 / src0_ne2), i03 = i13 / (src1_ne3 / src0_ne3);
+    int K = src0_ne0;
+    float acc = 0.0f;
+    for (int kt = 0; kt < K; kt += TS) {
+        int ka = kt + ly, kb = kt + lx;
+        as[lx][ly] = (r0 + lx < src0_ne1 && ka < K) ? A_AT(ka, r0 + lx, i02, i03) : 0.0f;
+        bs[ly][lx] = (c0 + ly < src1_ne1 && kb < K) ? B_AT(kb, c0 + ly, i12, i13) : 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < TS; k++) acc += as[lx][k] * bs[ly][k];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (r0 + lx < src0_ne1 && c0 + ly < src1_ne1) {
+        *(global float *) ADDR(dst, r0 + lx, c0 + ly, i12, i13) = acc;
+    }
+}

@@ -1,0 +1,361 @@
+"""The OpenCL kernel table: which ops and types the device computes, and how a node is bound.
+
+``KERNELS`` maps an op (or (Op.UNARY, fn) / (Op.GLU, fn)) to its type rules and its binder;
+``supports_op`` is derived from it, so the device never claims an op it cannot run. A binder
+builds the node's kernel object, sets its arguments once and returns the call that enqueues
+it on the backend's queue.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Hashable
+
+import numpy as np
+
+from polydev.ops import VIEW_OPS, GluOp, Op, RopeMode, UnaryOp
+from polydev.tensor import Tensor
+from polydev.types import GGMLType
+
+from polydev.backends.array.rope import yarn_corr_dims
+
+if TYPE_CHECKING:
+    from .backend import OpenCLBackend
+
+F32, F16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
+FLOATS = (F32, F16)
+PLAIN_NAMES = {F32: "f32", F16: "f16", I32: "i32"}
+QUANT_NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_0",
+               GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q4_K: "q4_K",
+               GGMLType.Q5_K: "q5_K", GGMLType.Q6_K: "q6_K"}
+MATMUL_WEIGHTS = FLOATS + tuple(QUANT_NAMES)
+
+# run-time function codes of elementwise.cl (given to the compiler as -D FN_<NAME>=<code>)
+ONE_SOURCE_OPS = (Op.SQR, Op.SQRT, Op.LOG, Op.SIN, Op.COS, Op.SCALE, Op.CLAMP, Op.LEAKY_RELU,
+                  Op.FILL)
+UNARY_FUNCTIONS = tuple(fn for fn in UnaryOp if fn != UnaryOp.XIELU)
+_FN_NAMES = [fn.name for fn in UNARY_FUNCTIONS] + [op.name for op in ONE_SOURCE_OPS] \
+    + ["ADD", "SUB", "MUL", "DIV"] + [fn.name for fn in GluOp]
+FN_CODES = {name: code for code, name in enumerate(_FN_NAMES)}
+_FN_DEFINES = {f"FN_{name}": code for name, code in FN_CODES.items()}
+
+MAT_VEC_MAX_COLUMNS = 4     # up to this many src1 columns, the decode kernel beats tiles
+
+
+@dataclass(frozen=True)
+class CLKernel:
+    accepts: Callable[[Tensor], bool]
+    bind: Callable[["OpenCLBackend", Tensor], Callable[[], None]]
+
+
+# --- argument packing -------------------------------------------------------------------------
+
+def tensor_args(backend: "OpenCLBackend", t: Tensor | None) -> list:
+    """The ten arguments TENSOR(t) of common.h: buffer, offset, ne[4], nb[4]."""
+    if t is None:          # an absent optional source: any valid buffer, never read
+        return [backend.device.scratch, np.uint64(0)] + [np.int32(1)] * 4 + [np.uint64(0)] * 4
+    return [t.buffer.cl_buffer, np.uint64(t.offset)] + [np.int32(n) for n in t.ne] \
+        + [np.uint64(n) for n in t.nb]
+
+
+def _launch(backend: "OpenCLBackend", kernel: Any, args: list, global_size, local_size=None
+            ) -> Callable[[], None]:
+    kernel.set_args(*args)
+    cl, queue = backend.device.cl, backend.queue
+    global_size = tuple(int(g) for g in global_size)
+    if min(global_size) == 0:
+        return lambda: None
+    return lambda: cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+
+
+def _grid(t: Tensor) -> tuple[int, int, int]:
+    return t.ne[0], t.ne[1], t.ne[2] * t.ne[3]
+
+
+def _type_defines(node: Tensor, *srcs: Tensor | None) -> dict[str, str]:
+    defines = {"DST_T": PLAIN_NAMES.get(node.type, "f32")}
+    for i, s in enumerate(srcs):
+        if s is not None and s.type in PLAIN_NAMES:
+            defines[f"SRC{i}_T"] = PLAIN_NAMES[s.type]
+    return defines
+
+
+def _rows_launch(backend, node: Tensor, name: str, extra: list, rows_of: Tensor,
+                 *srcs: Tensor | None, **defines) -> Callable[[], None]:
+    """A one-work-group-per-row kernel of rows.cl."""
+    ls = backend.device.row_group_size
+    k = backend.device.programs.kernel("rows", name, **_type_defines(node, *srcs), **defines)
+    args = [a for s in srcs for a in tensor_args(backend, s)] + tensor_args(backend, node) + extra
+    grid = (ls, rows_of.ne[1], rows_of.ne[2] * rows_of.ne[3])
+    return _launch(backend, k, args, grid, (ls, 1, 1))
+
+
+# --- binders ----------------------------------------------------------------------------------
+
+def _elementwise(backend, node: Tensor, name: str, *srcs: Tensor | None) -> Any:
+    return backend.device.programs.kernel("elementwise", name, **_type_defines(node, *srcs),
+                                          **_FN_DEFINES)
+
+
+def bind_unary(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    if node.op == Op.UNARY:
+        fn, params = UnaryOp(node.op_params[0]).name, (0.0, 0.0)
+    else:
+        fn, params = node.op.name, (tuple(node.op_params) + (0.0, 0.0))[:2]
+    k = _elementwise(backend, node, "unary", src)
+    args = tensor_args(backend, src) + tensor_args(backend, node) + [
+        np.int32(FN_CODES[fn]), np.float32(params[0]), np.float32(params[1])]
+    return _launch(backend, k, args, _grid(node))
+
+
+def bind_binary(backend, node: Tensor) -> Callable[[], None]:
+    a, b = node.src[0], node.src[1]
+    k = _elementwise(backend, node, "binary", a, b)
+    args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node) \
+        + [np.int32(FN_CODES[node.op.name])]
+    return _launch(backend, k, args, _grid(node))
+
+
+def bind_glu(backend, node: Tensor) -> Callable[[], None]:
+    fn = GluOp(node.op_params[0])
+    a = node.src[0]
+    b = node.src[1] if len(node.src) > 1 else None
+    alpha, limit = (node.op_params[2], node.op_params[3]) if fn == GluOp.SWIGLU_OAI else (0, 0)
+    k = _elementwise(backend, node, "glu", a, b)
+    args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node) + [
+        np.int32(FN_CODES[fn.name]), np.int32(b is not None), np.int32(node.op_params[1]),
+        np.float32(alpha), np.float32(limit)]
+    return _launch(backend, k, args, _grid(node))
+
+
+def bind_copy(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    name = "copy_i32" if src.type == I32 else "copy"
+    k = _elementwise(backend, node, name, src)
+    args = tensor_args(backend, src) + tensor_args(backend, node)
+    return _launch(backend, k, args, (node.nelements,))
+
+
+def bind_repeat(backend, node: Tensor) -> Callable[[], None]:
+    k = _elementwise(backend, node, "repeat", node.src[0])
+    args = tensor_args(backend, node.src[0]) + tensor_args(backend, node)
+    return _launch(backend, k, args, _grid(node))
+
+
+def bind_concat(backend, node: Tensor) -> Callable[[], None]:
+    a, b = node.src[0], node.src[1]
+    k = _elementwise(backend, node, "concat", a, b)
+    args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node) \
+        + [np.int32(node.op_params[0])]
+    return _launch(backend, k, args, _grid(node))
+
+
+def bind_diag_mask_inf(backend, node: Tensor) -> Callable[[], None]:
+    k = _elementwise(backend, node, "diag_mask_inf", node.src[0])
+    args = tensor_args(backend, node.src[0]) + tensor_args(backend, node) \
+        + [np.int32(node.op_params[0])]
+    return _launch(backend, k, args, _grid(node))
+
+
+def bind_sum_rows(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    return _rows_launch(backend, node, "sum_rows", [np.int32(node.op == Op.MEAN)], src, src)
+
+
+def bind_sum(backend, node: Tensor) -> Callable[[], None]:
+    src, ls = node.src[0], backend.device.row_group_size
+    k = backend.device.programs.kernel("rows", "sum_all", **_type_defines(node, src))
+    args = tensor_args(backend, src) + tensor_args(backend, node)
+    return _launch(backend, k, args, (ls,), (ls,))
+
+
+def bind_argmax(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    return _rows_launch(backend, node, "argmax", [], src, src)
+
+
+def bind_norm(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    extra = [np.float32(node.op_params[0]), np.int32(node.op == Op.RMS_NORM)]
+    return _rows_launch(backend, node, "norm", extra, src, src)
+
+
+def bind_soft_max(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    sinks = node.src[2] if len(node.src) > 2 else None
+    scale, max_bias = node.op_params
+    n_head = src.ne[2]
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
+    m1 = np.float32(2.0) ** np.float32(-(max_bias / 2.0) / n_head_log2)
+    extra = [np.float32(scale), np.float32(max_bias), np.float32(m0), np.float32(m1),
+             np.int32(n_head_log2), np.int32(mask is not None), np.int32(sinks is not None)]
+    defines = {"MASK_T": PLAIN_NAMES[mask.type]} if mask is not None else {}
+    ls = backend.device.row_group_size
+    k = backend.device.programs.kernel("rows", "soft_max", **_type_defines(node, src), **defines)
+    args = tensor_args(backend, src) + tensor_args(backend, mask) + tensor_args(backend, sinks) \
+        + tensor_args(backend, node) + extra
+    return _launch(backend, k, args, (ls, src.ne[1], src.ne[2] * src.ne[3]), (ls, 1, 1))
+
+
+def bind_rope(backend, node: Tensor) -> Callable[[], None]:
+    src, pos = node.src[0], node.src[1]
+    ff = node.src[2] if len(node.src) > 2 else None
+    (_, n_dims, mode, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
+     beta_slow) = node.op_params[:11]
+    low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)   # as the CPU backend
+    k = backend.device.programs.kernel("rope", "rope", **_type_defines(node, src))
+    args = tensor_args(backend, src) + tensor_args(backend, pos) + tensor_args(backend, ff) \
+        + tensor_args(backend, node) + [
+            np.int32(n_dims), np.int32(mode == RopeMode.NEOX), np.float32(freq_scale),
+            np.float32(ext_factor), np.float32(attn_factor), np.float32(low), np.float32(high),
+            np.float32(theta_scale), np.int32(ff is not None)]
+    return _launch(backend, k, args, (src.ne[1], src.ne[2], src.ne[3]))
+
+
+def bind_get_rows(backend, node: Tensor) -> Callable[[], None]:
+    src, idx = node.src[0], node.src[1]
+    name, defines = "get_rows", _type_defines(node, src)
+    if src.type == I32:
+        name = "get_rows_i32"
+    elif src.type in QUANT_NAMES:
+        defines["QUANT_T"] = QUANT_NAMES[src.type]
+    k = backend.device.programs.kernel("rows", name, **defines)
+    args = tensor_args(backend, src) + tensor_args(backend, idx) + tensor_args(backend, node)
+    return _launch(backend, k, args, (node.ne[0], idx.ne[0], idx.ne[1] * idx.ne[2]))
+
+
+def bind_set_rows(backend, node: Tensor) -> Callable[[], None]:
+    rows, idx = node.src[0], node.src[1]
+    defines = _type_defines(node, rows)
+    defines["IDX_T"] = "long" if idx.type == I64 else "int"
+    k = backend.device.programs.kernel("rows", "set_rows", **defines)
+    args = tensor_args(backend, rows) + tensor_args(backend, idx) + tensor_args(backend, node)
+    return _launch(backend, k, args, (rows.ne[0], rows.ne[1], rows.ne[2] * rows.ne[3]))
+
+
+def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
+    a, b = node.src[0], node.src[1]
+    device = backend.device
+    defines = _type_defines(node, a, b)
+    if a.type in QUANT_NAMES:
+        defines["QUANT_T"] = QUANT_NAMES[a.type]
+    args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node)
+    batches = b.ne[2] * b.ne[3]
+    if b.ne[1] <= MAT_VEC_MAX_COLUMNS:
+        ls = device.row_group_size
+        k = device.programs.kernel("mul_mat", "mul_mat_vec", **defines)
+        return _launch(backend, k, args, (ls, a.ne[1], b.ne[1] * batches), (ls, 1, 1))
+    ts = device.tile_size
+    k = device.programs.kernel("mul_mat", "mul_mat_tiled", **defines)
+    grid = (-(-a.ne[1] // ts) * ts, -(-b.ne[1] // ts) * ts, batches)
+    return _launch(backend, k, args, grid, (ts, ts, 1))
+
+
+# --- type rules ---------------------------------------------------------------------------------
+
+def _all(node: Tensor, allowed) -> bool:
+    return all(t is None or t.type in allowed for t in [node] + list(node.src))
+
+
+def _float_ops(node: Tensor) -> bool:
+    return _all(node, FLOATS)
+
+
+def _copy_ok(node: Tensor) -> bool:
+    src = node.src[0]
+    if src.type == I32 or node.type == I32:
+        return src.type == node.type == I32
+    return src.type in FLOATS and node.type in FLOATS
+
+
+def _f32_rows(node: Tensor) -> bool:
+    return node.type == F32 and node.src[0].type == F32
+
+
+def _soft_max_ok(node: Tensor) -> bool:
+    mask = node.src[1] if len(node.src) > 1 else None
+    sinks = node.src[2] if len(node.src) > 2 else None
+    return _f32_rows(node) and (mask is None or mask.type in FLOATS) \
+        and (sinks is None or sinks.type == F32)
+
+
+def _rope_ok(node: Tensor) -> bool:
+    ff = node.src[2] if len(node.src) > 2 else None
+    mode, n_offs = node.op_params[2], node.op_params[15]
+    return mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0 \
+        and node.src[0].type in FLOATS and node.type == node.src[0].type \
+        and (ff is None or ff.type == F32)
+
+
+def _get_rows_ok(node: Tensor) -> bool:
+    src, idx = node.src[0], node.src[1]
+    if idx.type != I32:
+        return False
+    if src.type == I32:
+        return node.type == I32
+    return node.type == F32 and (src.type in FLOATS or src.type in QUANT_NAMES) \
+        and src.is_contiguous_rows()
+
+
+def _set_rows_ok(node: Tensor) -> bool:
+    return node.src[0].type in FLOATS and node.type in FLOATS \
+        and node.src[1].type in (I32, I64)
+
+
+def _mul_mat_ok(node: Tensor) -> bool:
+    a, b = node.src[0], node.src[1]
+    return node.type == F32 and b.type in FLOATS and a.type in MATMUL_WEIGHTS \
+        and (a.type in FLOATS or a.is_contiguous_rows())
+
+
+def _nothing(backend, node: Tensor) -> Callable[[], None]:
+    return lambda: None
+
+
+KERNELS: dict[Hashable, CLKernel] = {
+    Op.NONE: CLKernel(lambda n: True, _nothing),
+    **{op: CLKernel(lambda n: True, _nothing) for op in VIEW_OPS},
+    **{(Op.UNARY, fn): CLKernel(_float_ops, bind_unary) for fn in UNARY_FUNCTIONS},
+    **{op: CLKernel(_float_ops, bind_unary) for op in ONE_SOURCE_OPS},
+    **{op: CLKernel(_float_ops, bind_binary) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV)},
+    **{(Op.GLU, fn): CLKernel(_float_ops, bind_glu) for fn in GluOp},
+    **{op: CLKernel(_copy_ok, bind_copy) for op in (Op.DUP, Op.CPY, Op.CONT)},
+    Op.REPEAT: CLKernel(_float_ops, bind_repeat),
+    Op.CONCAT: CLKernel(_float_ops, bind_concat),
+    Op.DIAG_MASK_INF: CLKernel(_f32_rows, bind_diag_mask_inf),
+    Op.SUM_ROWS: CLKernel(_float_ops, bind_sum_rows),
+    Op.MEAN: CLKernel(lambda n: n.src[0].type in FLOATS and n.type == F32, bind_sum_rows),
+    Op.SUM: CLKernel(_float_ops, bind_sum),
+    Op.ARGMAX: CLKernel(lambda n: n.src[0].type == F32, bind_argmax),
+    Op.NORM: CLKernel(_f32_rows, bind_norm),
+    Op.RMS_NORM: CLKernel(_f32_rows, bind_norm),
+    Op.SOFT_MAX: CLKernel(_soft_max_ok, bind_soft_max),
+    Op.ROPE: CLKernel(_rope_ok, bind_rope),
+    Op.GET_ROWS: CLKernel(_get_rows_ok, bind_get_rows),
+    Op.SET_ROWS: CLKernel(_set_rows_ok, bind_set_rows),
+    Op.MUL_MAT: CLKernel(_mul_mat_ok, bind_mul_mat),
+}
+
+
+def kernel_key(node: Tensor) -> Hashable:
+    if node.op == Op.UNARY:
+        return (Op.UNARY, UnaryOp(node.op_params[0]))
+    if node.op == Op.GLU:
+        return (Op.GLU, GluOp(node.op_params[0]))
+    return node.op
+
+
+def find_kernel(node: Tensor) -> CLKernel | None:
+    """The kernel computing ``node``, or None where the table has none for its op and types."""
+    k = KERNELS.get(kernel_key(node))
+    return k if k is not None and k.accepts(node) else None
+
+
+def supported_op_names() -> list[str]:
+    """The ops (unary and glu functions by their own name) of this kernel table."""
+    return sorted({key[1].name if isinstance(key, tuple) else key.name for key in KERNELS})
