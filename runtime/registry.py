@@ -25,6 +25,12 @@ def _is_cpu_reg(reg: Reg) -> bool:
     return bool(reg.devices) and all(d.type == DeviceType.CPU for d in reg.devices)
 
 
+def _is_the_cpu_backend(device: Device) -> bool:
+    """The host CPU backend's own device (reg "CPU"), as opposed to CPU-type devices of other
+    backends, such as an OpenCL driver running on the CPU."""
+    return device.reg is not None and device.reg.name.upper() == "CPU"
+
+
 class Registry:
     """Regs and devices, loaded from entry points on first use."""
 
@@ -80,15 +86,17 @@ class Registry:
 
     @property
     def regs(self) -> list[Reg]:
-        """Every reg, accelerator backends first and CPU backends last."""
+        """Every reg, accelerator backends first, then other CPU-type backends, the CPU
+        backend last."""
         self.load()
-        return sorted(self._regs, key=_is_cpu_reg)   # stable: registration order otherwise
+        return sorted(self._regs, key=lambda r: (_is_cpu_reg(r), r.name.upper() == "CPU"))
 
     @property
     def devices(self) -> list[Device]:
-        """Every device, non-CPU devices first (in reg order), CPU devices last."""
+        """Every device: non-CPU devices first (in reg order), then CPU-type devices of other
+        backends, the CPU backend's device last."""
         devs = [d for r in self.regs for d in r.devices] + self._extra_devices
-        return sorted(devs, key=lambda d: d.type == DeviceType.CPU)
+        return sorted(devs, key=lambda d: (d.type == DeviceType.CPU, _is_the_cpu_backend(d)))
 
     @property
     def load_errors(self) -> dict[str, str]:
@@ -123,15 +131,20 @@ class Registry:
         raise DeviceNotFoundError(f"unknown device {name!r}; known devices: {known}")
 
     def device_by_type(self, type_: DeviceType) -> Device | None:
-        """The first device of that type, or None."""
-        return next((d for d in self.devices if d.type == type_), None)
+        """The first device of that type, or None; for CPU, the CPU backend's own device
+        before CPU-type devices of other backends."""
+        devs = [d for d in self.devices if d.type == type_]
+        if type_ == DeviceType.CPU:
+            devs.sort(key=lambda d: not _is_the_cpu_backend(d))
+        return devs[0] if devs else None
 
     def init_backend(self, name: "str | Device", params: str | None = None) -> Backend:
         """A new backend (stream) on the named device."""
         return self.device(name).init_backend(params)
 
     def best_device(self) -> Device:
-        """The first GPU, else the first integrated GPU, else the CPU (ggml_backend_init_best)."""
+        """The first GPU, else the first integrated GPU, else the CPU (ggml_backend_init_best);
+        the CPU backend itself comes before CPU-type devices of other backends."""
         for t in (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU):
             d = self.device_by_type(t)
             if d is not None:

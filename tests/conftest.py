@@ -52,6 +52,7 @@ def compute(backend, build: Callable, *arrays: np.ndarray,
               for i, (a, ty) in enumerate(zip(arrays, types))]
     out = build(ctx, *inputs)
     graph = build_graph(out)
+    skip_unless_supported(backend, graph)
     buf = alloc_ctx_tensors(ctx, backend)
     try:
         for t, a in zip(inputs, arrays):
@@ -60,6 +61,22 @@ def compute(backend, build: Callable, *arrays: np.ndarray,
         return out.numpy()
     finally:
         buf.close()
+
+
+def skip_unless_supported(backend, graph) -> None:
+    """Skip the test where an op is absent from the backend's kernel table (nothing to test)."""
+    missing = [t for t in graph.nodes if not backend.supports_op(t)]
+    if missing:
+        pytest.skip(f"{backend.name} does not support {polydev.ops.op_desc(missing[0])} "
+                    f"(result {missing[0].type}, sources "
+                    f"{', '.join(str(s.type) for s in missing[0].src if s is not None)})")
+
+
+def compute_graph(backend, out) -> None:
+    """Compute the graph of ``out`` on ``backend``, skipping where it has no kernel for it."""
+    graph = build_graph(out)
+    skip_unless_supported(backend, graph)
+    backend.graph_compute(graph)
 
 
 def _ne_of(a: np.ndarray, type_: GGMLType | None) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from polydev.errors import InvalidArgumentError
 from polydev.types import dequantize, quantize
 from polydev.types import random_blocks as _random_blocks
 
-from conftest import assert_close, compute
+from conftest import assert_close, compute, compute_graph
 
 SHAPES = [(2, 3, 5, 16), (1, 1, 7, 13), (1, 2, 2, 128)]
 
@@ -349,7 +349,7 @@ def test_mul_mat_quantized(backend, rng, qtype, n):
     buf = alloc_ctx_tensors(ctx, backend)
     wt.set_data(raw.tobytes())
     bt.set_data(b)
-    backend.graph_compute(build_graph(out_t))
+    compute_graph(backend, out_t)
     ref = _mul_mat_ref(dequantize(raw, qtype).reshape(1, 1, m, k), b)
     assert_close(out_t.numpy(), ref, 5e-4)
     buf.close()
@@ -367,7 +367,7 @@ def test_cpy_dequantizes_every_type_with_a_dequantizer(backend, rng, qtype):
     out = ops.cpy(ctx, q, ctx.new_tensor(GGMLType.F32, (256, 3)))
     with alloc_ctx_tensors(ctx, backend):
         q.set_data(raw.tobytes())
-        backend.graph_compute(build_graph(out))
+        compute_graph(backend, out)
         np.testing.assert_array_equal(out.numpy()[0, 0], dequantize(raw, qtype))
 
 @pytest.mark.parametrize("qtype", [GGMLType.F32, GGMLType.F16, GGMLType.BF16] + QTYPES, ids=str)
@@ -390,7 +390,7 @@ def test_get_rows(backend, rng, qtype):
     with alloc_ctx_tensors(ctx, backend):
         at.set_data(data)
         it.set_data(idx)
-        backend.graph_compute(build_graph(out_t))
+        compute_graph(backend, out_t)
         np.testing.assert_array_equal(out_t.numpy()[0, 0], values[idx])
 
 
