@@ -341,7 +341,7 @@ def test_mul_mat_quantized(backend, rng, qtype, n):
     b = f32(rng, (1, 1, n, k))
     weights = np.zeros((1, 1, m, k), np.float32)   # placeholder shape; bytes set below
 
-    from polydev import Context, alloc_ctx_tensors, build_graph
+    from polydev import Context, alloc_ctx_tensors
     ctx = Context()
     wt = ctx.new_tensor(qtype, (k, m))
     bt = ctx.new_tensor(GGMLType.F32, (k, n))
@@ -360,7 +360,7 @@ def test_mul_mat_quantized(backend, rng, qtype, n):
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=str)
 def test_cpy_dequantizes_every_type_with_a_dequantizer(backend, rng, qtype):
-    from polydev import Context, alloc_ctx_tensors, build_graph
+    from polydev import Context, alloc_ctx_tensors
     raw = random_blocks(rng, qtype, 3, 256)
     ctx = Context()
     q = ctx.new_tensor(qtype, (256, 3))
@@ -382,7 +382,7 @@ def test_get_rows(backend, rng, qtype):
             if qtype != GGMLType.F32 else f32(rng, (n_rows, k))
         data = values
     idx = np.array([3, 0, 9, 3, 5], dtype=np.int32)
-    from polydev import Context, alloc_ctx_tensors, build_graph
+    from polydev import Context, alloc_ctx_tensors
     ctx = Context()
     at = ctx.new_tensor(qtype, (k, n_rows))
     it = ctx.new_tensor(GGMLType.I32, (5,))
@@ -454,7 +454,7 @@ def _alibi(n_head, max_bias):
     (None, 0.0), (np.float32, 0.0), (np.float16, 0.0), (np.float32, 8.0), (np.float16, 8.0)])
 def test_soft_max_ext(backend, rng, mask_type, max_bias):
     a = f32(rng, (2, 6, 5, 17), -3, 3)
-    inputs, types = [a], None
+    inputs = [a]
     if mask_type is not None:
         mask = f32(rng, (1, 3, 8, 17), -2, 0).astype(mask_type)   # extra rows; heads tile 6 % 3
         inputs.append(mask)
