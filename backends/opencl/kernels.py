@@ -30,6 +30,8 @@ QUANT_NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_
                GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q4_K: "q4_K",
                GGMLType.Q5_K: "q5_K", GGMLType.Q6_K: "q6_K"}
 MATMUL_WEIGHTS = FLOATS + tuple(QUANT_NAMES)
+# the block formats quantize.cl can write (ggml's reference quantizers)
+ENCODABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
 
 # run-time function codes of elementwise.cl (given to the compiler as -D FN_<NAME>=<code>)
 ONE_SOURCE_OPS = (Op.SQR, Op.SQRT, Op.LOG, Op.SIN, Op.COS, Op.SCALE, Op.CLAMP, Op.LEAKY_RELU,
@@ -132,9 +134,17 @@ def bind_glu(backend, node: Tensor) -> Callable[[], None]:
 
 def bind_copy(backend, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    name = "copy_i32" if src.type == I32 else "copy"
-    k = _elementwise(backend, node, name, src)
     args = tensor_args(backend, src) + tensor_args(backend, node)
+    programs = backend.device.programs
+    if node.type in ENCODABLE:           # one work-item per destination block
+        k = programs.kernel("quantize", "copy_to_blocks", **_type_defines(node, src),
+                            QUANT_T=QUANT_NAMES[node.type], ENCODE=True)
+        return _launch(backend, k, args, (node.nelements // 32,))
+    if src.type in QUANT_NAMES:
+        k = programs.kernel("quantize", "copy_from_blocks", **_type_defines(node),
+                            QUANT_T=QUANT_NAMES[src.type])
+        return _launch(backend, k, args, (node.nelements,))
+    k = _elementwise(backend, node, "copy_i32" if src.type == I32 else "copy", src)
     return _launch(backend, k, args, (node.nelements,))
 
 
@@ -233,9 +243,14 @@ def bind_set_rows(backend, node: Tensor) -> Callable[[], None]:
     rows, idx = node.src[0], node.src[1]
     defines = _type_defines(node, rows)
     defines["IDX_T"] = "long" if idx.type == I64 else "int"
-    k = backend.device.programs.kernel("rows", "set_rows", **defines)
     args = tensor_args(backend, rows) + tensor_args(backend, idx) + tensor_args(backend, node)
-    return _launch(backend, k, args, (rows.ne[0], rows.ne[1], rows.ne[2] * rows.ne[3]))
+    grid = (rows.ne[0], rows.ne[1], rows.ne[2] * rows.ne[3])
+    if node.type in ENCODABLE:           # one work-item per block of a row
+        k = backend.device.programs.kernel("quantize", "set_rows_blocks", **defines,
+                                           QUANT_T=QUANT_NAMES[node.type], ENCODE=True)
+        return _launch(backend, k, args, (rows.ne[0] // 32,) + grid[1:])
+    k = backend.device.programs.kernel("rows", "set_rows", **defines)
+    return _launch(backend, k, args, grid)
 
 
 def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
@@ -270,6 +285,10 @@ def _copy_ok(node: Tensor) -> bool:
     src = node.src[0]
     if src.type == I32 or node.type == I32:
         return src.type == node.type == I32
+    if node.type in ENCODABLE:
+        return src.type in FLOATS and node.is_contiguous()
+    if src.type in QUANT_NAMES:
+        return node.type in FLOATS and src.is_contiguous_rows()
     return src.type in FLOATS and node.type in FLOATS
 
 
@@ -303,7 +322,7 @@ def _get_rows_ok(node: Tensor) -> bool:
 
 
 def _set_rows_ok(node: Tensor) -> bool:
-    return node.src[0].type in FLOATS and node.type in FLOATS \
+    return node.src[0].type in FLOATS and node.type in FLOATS + ENCODABLE \
         and node.src[1].type in (I32, I64)
 
 
