@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -10,6 +11,18 @@ import pytest
 import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph
 from polydev.types import type_from_numpy
+
+
+def pytest_configure(config) -> None:
+    """With POLYDEV_REQUIRE_OPENCL set (CI sets it), a missing OpenCL device stops the run
+    instead of quietly skipping every OpenCL test."""
+    if not os.environ.get("POLYDEV_REQUIRE_OPENCL"):
+        return
+    reg = next((r for r in polydev.registry().regs if r.name == "OpenCL"), None)
+    if reg is None or not reg.devices:
+        why = reg.unavailable_reason if reg is not None else "the OpenCL backend is not registered"
+        raise pytest.UsageError(f"POLYDEV_REQUIRE_OPENCL is set but there is no OpenCL device: "
+                                f"{why}")
 
 
 def nmse(out: np.ndarray, ref: np.ndarray) -> float:

@@ -1,0 +1,250 @@
+"""The OpenCL backend on PoCL: discovery, memory, queues, async copies, events, two devices.
+
+The kernels themselves are checked op by op against the CPU backend by ``polydev compare``
+(the last test) and by the op tests, which run on every device. CI sets
+POCL_DEVICES="pthread pthread" so the multi-device tests have two OpenCL devices.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import polydev
+from polydev import (Context, DeviceType, GGMLType, alloc_ctx_tensors, build_graph, ops,
+                     tensor_copy, tensor_copy_async)
+from polydev.buffer import tensor_get, tensor_memset, tensor_set
+
+OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
+pytestmark = [pytest.mark.opencl,
+              pytest.mark.skipif(not OPENCL, reason="no OpenCL device (pip install "
+                                 "'polydev[opencl]' brings PoCL)")]
+two_devices = pytest.mark.skipif(len(OPENCL) < 2, reason="needs two OpenCL devices: run with "
+                                 "POCL_DEVICES='pthread pthread'")
+
+
+@pytest.fixture
+def dev():
+    return OPENCL[0]
+
+
+def _vector(ctx_type=GGMLType.F32, n=1000):
+    ctx = Context()
+    return ctx, ctx.new_tensor(ctx_type, (n,), "v")
+
+
+# --- discovery ----------------------------------------------------------------------------------
+
+def test_devices_are_named_typed_and_described(dev):
+    import pyopencl as cl
+    assert [d.name for d in OPENCL] == [f"OpenCL{i}" for i in range(len(OPENCL))]
+    cl_dev = dev.cl_device
+    assert dev.description == f"{cl_dev.platform.name.strip()}: {cl_dev.name.strip()}"
+    expected = DeviceType.CPU if cl_dev.type & cl.device_type.CPU else dev.type
+    assert dev.type == expected
+    free, total = dev.memory()
+    assert total == cl_dev.global_mem_size and 0 < free <= total
+    caps = dev.props().caps
+    assert caps.async_ and caps.events and caps.host_buffer and caps.buffer_from_host_ptr
+    assert polydev.device("opencl:0") is dev and polydev.device("OPENCL0") is dev
+
+
+def test_the_cpu_backend_stays_last_and_best():
+    names = [d.name for d in polydev.devices()]
+    assert names[-1] == "CPU"
+    if all(d.type == DeviceType.CPU for d in OPENCL):
+        assert polydev.registry().best_device().name == "CPU"
+
+
+def _devices_output(env_update: dict) -> str:
+    env = {**os.environ, **env_update}
+    return subprocess.run([sys.executable, "-m", "polydev.tools.cli", "devices", "--verbose"],
+                          env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_selection_by_environment_and_the_reason_when_nothing_matches():
+    out = _devices_output({"POLYDEV_OPENCL_DEVICE": "no-such-device"})
+    assert "OpenCL0" not in out
+    assert "backend OpenCL: no devices (no OpenCL device matches" in out
+    out = _devices_output({"POLYDEV_OPENCL_PLATFORM": "0", "POLYDEV_OPENCL_DEVICE": "0"})
+    assert "OpenCL0" in out and "OpenCL1" not in out
+
+
+def test_without_pyopencl_there_are_no_devices_and_a_reason():
+    code = ("import sys; sys.modules['pyopencl'] = None\n"
+            "import polydev\n"
+            "reg = polydev.registry().reg_by_name('OpenCL')\n"
+            "print(len(reg.devices), reg.unavailable_reason)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("0 pyopencl is not usable")
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+def test_buffer_type_follows_the_device(dev):
+    buft = dev.buffer_type
+    assert buft.alignment == max(dev.cl_device.mem_base_addr_align // 8, 16)
+    assert buft.max_size == dev.cl_device.max_mem_alloc_size
+    assert not buft.is_host and dev.host_buffer_type.is_host
+    assert dev.supports_buft(buft)
+    assert dev.supports_buft(dev.host_buffer_type) == dev.host_unified
+    assert not dev.supports_buft(polydev.device("CPU").buffer_type)
+
+
+def test_allocations_are_accounted_and_released(dev):
+    free_before = dev.memory()[0]
+    buf = dev.buffer_type.alloc_buffer(1 << 20)
+    assert dev.memory()[0] == free_before - (1 << 20)
+    buf.close()
+    assert dev.memory()[0] == free_before
+
+
+def test_set_get_memset_clear_and_copies(dev, rng):
+    ctx, v = _vector()
+    with alloc_ctx_tensors(ctx, dev.buffer_type) as buf:
+        values = rng.standard_normal(1000).astype(np.float32)
+        v.set_data(values)
+        np.testing.assert_array_equal(v.numpy().ravel(), values)
+        tensor_set(v, np.float32([7, 8]).view(np.uint8), offset=40)
+        assert list(v.numpy().ravel()[10:12]) == [7, 8]
+        tensor_memset(v, 0, 8, 8)
+        assert list(v.numpy().ravel()[2:4]) == [0, 0]
+        buf.clear(0xFF)
+        assert (tensor_get(v) == 0xFF).all()
+        # device to device (buffer copy), device to host and host to device
+        ctx2, w = _vector()
+        ctx3, h = _vector()
+        with alloc_ctx_tensors(ctx2, dev.buffer_type), alloc_ctx_tensors(ctx3, polydev.device(
+                "CPU").buffer_type):
+            v.set_data(values)
+            tensor_copy(v, w)
+            tensor_copy(w, h)
+            np.testing.assert_array_equal(h.numpy().ravel(), values)
+
+
+def test_pinned_host_buffer_is_host_memory(dev, rng):
+    ctx, v = _vector()
+    with alloc_ctx_tensors(ctx, dev.host_buffer_type) as buf:
+        assert buf.is_host
+        values = rng.standard_normal(1000).astype(np.float32)
+        v.set_data(values)
+        view = buf.host_array[v.offset:v.offset + v.nbytes].view(np.float32)
+        np.testing.assert_array_equal(view, values)            # the same memory
+        ctx2, w = _vector()
+        with alloc_ctx_tensors(ctx2, dev.buffer_type):
+            tensor_copy(v, w)                                   # from pinned pages
+            np.testing.assert_array_equal(w.numpy().ravel(), values)
+
+
+def test_buffer_from_host_ptr_wraps_user_memory(dev, rng):
+    host = np.zeros(512, np.float32)
+    host[:256] = rng.standard_normal(256)
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, (256,), "x")
+    out = ops.scale(ctx, x, 2.0)
+    with dev.buffer_from_host_ptr(host) as buf, dev.init_backend() as backend:
+        polydev.tensor_alloc(buf, x, 0)
+        polydev.tensor_alloc(buf, out, 1024)
+        np.testing.assert_array_equal(x.numpy().ravel(), host[:256])    # the user's values, no upload
+        backend.graph_compute(build_graph(out))
+        np.testing.assert_array_equal(out.numpy().ravel(), 2 * host[:256])
+        if dev.host_unified:                                     # zero copy: written in place
+            np.testing.assert_array_equal(host[256:], 2 * host[:256])
+
+
+def _ctx_with(t):
+    ctx = Context()
+    ctx.tensors.append(t)
+    return ctx
+
+
+# --- queues, async copies, events -----------------------------------------------------------------
+
+def _add_graph(dev):
+    ctx = Context()
+    a = ctx.new_tensor(GGMLType.F32, (4096,), "a")
+    b = ctx.new_tensor(GGMLType.F32, (4096,), "b")
+    out = ops.add(ctx, a, b)
+    return ctx, a, b, out
+
+
+def test_async_set_compute_get_on_one_queue(dev, rng):
+    ctx, a, b, out = _add_graph(dev)
+    with alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as backend:
+        plan = backend.graph_plan_create(build_graph(out))
+        for _ in range(3):                                     # plan once, replay
+            x, y = rng.standard_normal((2, 4096)).astype(np.float32)
+            backend.set_tensor_async(a, x.copy())              # the copy may die: kept alive
+            backend.set_tensor_async(b, y)
+            backend.graph_plan_compute(plan)
+            result = np.empty(4096, np.float32)
+            backend.get_tensor_async(out, result)
+            backend.synchronize()
+            np.testing.assert_array_equal(result, x + y)
+
+
+def test_events_order_two_queues(dev, rng):
+    ctx, a, b, out = _add_graph(dev)
+    with alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as producer, \
+            dev.init_backend() as consumer, dev.event_new() as done:
+        x, y = rng.standard_normal((2, 4096)).astype(np.float32)
+        a.set_data(x)
+        b.set_data(y)
+        producer.graph_compute_async(build_graph(out))
+        done.record(producer)
+        done.wait(consumer)                                    # consumer's queue waits
+        result = np.empty(4096, np.float32)
+        consumer.get_tensor_async(out, result)
+        consumer.synchronize()
+        np.testing.assert_array_equal(result, x + y)
+        done.synchronize()
+
+
+@two_devices
+def test_two_devices_share_a_context_and_copy_device_to_device(rng):
+    d0, d1 = OPENCL[0], OPENCL[1]
+    assert d0.platform is d1.platform
+    assert d1.supports_buft(d0.buffer_type)
+    ctx, a, b, out = _add_graph(d0)
+    ctx1 = Context()
+    dst = ctx1.new_tensor(GGMLType.F32, (4096,), "dst")
+    with alloc_ctx_tensors(ctx, d0.buffer_type), alloc_ctx_tensors(ctx1, d1.buffer_type), \
+            d0.init_backend() as b0, d1.init_backend() as b1:
+        x, y = rng.standard_normal((2, 4096)).astype(np.float32)
+        a.set_data(x)
+        b.set_data(y)
+        b0.graph_compute_async(build_graph(out))
+        tensor_copy_async(b0, b1, out, dst)                    # ordered after the add
+        assert b1._cpy_tensor_async(b0, out, dst)              # the device-to-device path
+        doubled = ops.scale(ctx1, dst, 2.0)
+        with alloc_ctx_tensors(_ctx_with(doubled), d1.buffer_type):
+            b1.graph_compute(build_graph(doubled))
+            np.testing.assert_allclose(doubled.numpy().ravel(), 2 * (x + y), rtol=1e-6)
+
+
+def test_unsupported_ops_are_absent_from_the_kernel_table(dev):
+    ctx = Context()
+    q = ctx.new_tensor(GGMLType.F32, (64, 4, 2))
+    kv = ctx.new_tensor(GGMLType.F16, (64, 8, 2))
+    fa = ops.flash_attn_ext(ctx, q, kv, kv, None, 0.125)
+    assert not dev.supports_op(fa)
+    assert "FLASH_ATTN_EXT" not in dev.supported_op_names()
+    assert {"MUL_MAT", "SOFT_MAX", "ROPE", "GET_ROWS", "RMS_NORM"} <= set(
+        dev.supported_op_names())
+
+
+# --- every kernel, against the CPU ----------------------------------------------------------------
+
+def test_compare_passes_on_every_opencl_device(capsys):
+    from polydev.tools.cli import main
+    names = ",".join(d.name for d in OPENCL)
+    code = main(["compare", "-b", names, "-j", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    for d in OPENCL:
+        assert f"Backend {d.name}: OK" in out
