@@ -43,6 +43,7 @@ FN_CODES = {name: code for code, name in enumerate(_FN_NAMES)}
 _FN_DEFINES = {f"FN_{name}": code for name, code in FN_CODES.items()}
 
 MAT_VEC_MAX_COLUMNS = 4     # up to this many src1 columns, the decode kernel beats tiles
+FLASH_ATTN_MAX_DV = 1024    # attention.cl's DV_MAX: the value rows it accumulates
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,10 @@ def bind_unary(backend, node: Tensor) -> Callable[[], None]:
 
 def bind_binary(backend, node: Tensor) -> Callable[[], None]:
     a, b = node.src[0], node.src[1]
+    fn = "ADD" if node.op == Op.ADD1 else node.op.name     # ADD1: b is one value, repeated
     k = _elementwise(backend, node, "binary", a, b)
     args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node) \
-        + [np.int32(FN_CODES[node.op.name])]
+        + [np.int32(FN_CODES[fn])]
     return _launch(backend, k, args, _grid(node))
 
 
@@ -186,10 +188,21 @@ def bind_argmax(backend, node: Tensor) -> Callable[[], None]:
     return _rows_launch(backend, node, "argmax", [], src, src)
 
 
+NORM_KINDS = {Op.NORM: 0, Op.RMS_NORM: 1, Op.L2_NORM: 2}
+
+
 def bind_norm(backend, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    extra = [np.float32(node.op_params[0]), np.int32(node.op == Op.RMS_NORM)]
+    extra = [np.float32(node.op_params[0]), np.int32(NORM_KINDS[node.op])]
     return _rows_launch(backend, node, "norm", extra, src, src)
+
+
+def alibi_args(n_head: int, max_bias: float) -> list:
+    """ALiBi's m0, m1 and n_head_log2, as ggml derives the per-head slopes from them."""
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
+    m1 = np.float32(2.0) ** np.float32(-(max_bias / 2.0) / n_head_log2)
+    return [np.float32(m0), np.float32(m1), np.int32(n_head_log2)]
 
 
 def bind_soft_max(backend, node: Tensor) -> Callable[[], None]:
@@ -197,12 +210,8 @@ def bind_soft_max(backend, node: Tensor) -> Callable[[], None]:
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
     scale, max_bias = node.op_params
-    n_head = src.ne[2]
-    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
-    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
-    m1 = np.float32(2.0) ** np.float32(-(max_bias / 2.0) / n_head_log2)
-    extra = [np.float32(scale), np.float32(max_bias), np.float32(m0), np.float32(m1),
-             np.int32(n_head_log2), np.int32(mask is not None), np.int32(sinks is not None)]
+    extra = [np.float32(scale), np.float32(max_bias)] + alibi_args(src.ne[2], max_bias) \
+        + [np.int32(mask is not None), np.int32(sinks is not None)]
     defines = {"MASK_T": PLAIN_NAMES[mask.type]} if mask is not None else {}
     ls = backend.device.row_group_size
     k = backend.device.programs.kernel("rows", "soft_max", **_type_defines(node, src), **defines)
@@ -271,6 +280,35 @@ def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
     return _launch(backend, k, args, grid, (ts, ts, 1))
 
 
+def bind_mul_mat_id(backend, node: Tensor) -> Callable[[], None]:
+    experts, b, ids = node.src[0], node.src[1], node.src[2]
+    defines = _type_defines(node, experts, b)
+    if experts.type in QUANT_NAMES:
+        defines["QUANT_T"] = QUANT_NAMES[experts.type]
+    ls = backend.device.row_group_size
+    k = backend.device.programs.kernel("mul_mat", "mul_mat_id_vec", **defines)
+    args = [a for t in (experts, b, ids, node) for a in tensor_args(backend, t)]
+    return _launch(backend, k, args, (ls, experts.ne[1], node.ne[1] * node.ne[2]), (ls, 1, 1))
+
+
+def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:
+    q, k_t, v_t = node.src[0], node.src[1], node.src[2]
+    mask = node.src[3] if len(node.src) > 3 else None
+    sinks = node.src[4] if len(node.src) > 4 else None
+    scale, max_bias, softcap = node.op_params[:3]
+    if softcap:
+        scale /= softcap                  # softcap * tanh(scale / softcap * s), as ggml
+    defines = {"SRC1_T": PLAIN_NAMES.get(k_t.type, "f32")}
+    if k_t.type in QUANT_NAMES:
+        defines["QUANT_T"] = QUANT_NAMES[k_t.type]
+    ls = backend.device.row_group_size
+    kernel = backend.device.programs.kernel("attention", "flash_attn", **defines)
+    args = [a for t in (q, k_t, v_t, mask, sinks, node) for a in tensor_args(backend, t)]
+    args += [np.float32(scale), np.float32(softcap), np.float32(max_bias)] \
+        + alibi_args(q.ne[2], max_bias) + [np.int32(mask is not None), np.int32(sinks is not None)]
+    return _launch(backend, kernel, args, (ls, q.ne[1], q.ne[2] * q.ne[3]), (ls, 1, 1))
+
+
 # --- type rules ---------------------------------------------------------------------------------
 
 def _all(node: Tensor, allowed) -> bool:
@@ -332,6 +370,19 @@ def _mul_mat_ok(node: Tensor) -> bool:
         and (a.type in FLOATS or a.is_contiguous_rows())
 
 
+def _mul_mat_id_ok(node: Tensor) -> bool:
+    return _mul_mat_ok(node) and node.src[2].type == I32
+
+
+def _flash_attn_ok(node: Tensor) -> bool:
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask = node.src[3] if len(node.src) > 3 else None
+    sinks = node.src[4] if len(node.src) > 4 else None
+    kv_ok = k.type == v.type and k.type in MATMUL_WEIGHTS
+    return q.type == F32 and kv_ok and (mask is None or mask.type == F16) \
+        and (sinks is None or sinks.type == F32) and v.ne[0] <= FLASH_ATTN_MAX_DV
+
+
 def _nothing(backend, node: Tensor) -> Callable[[], None]:
     return lambda: None
 
@@ -353,6 +404,10 @@ KERNELS: dict[Hashable, CLKernel] = {
     Op.ARGMAX: CLKernel(lambda n: n.src[0].type == F32, bind_argmax),
     Op.NORM: CLKernel(_f32_rows, bind_norm),
     Op.RMS_NORM: CLKernel(_f32_rows, bind_norm),
+    Op.L2_NORM: CLKernel(_f32_rows, bind_norm),
+    Op.ADD1: CLKernel(_float_ops, bind_binary),
+    Op.MUL_MAT_ID: CLKernel(_mul_mat_id_ok, bind_mul_mat_id),
+    Op.FLASH_ATTN_EXT: CLKernel(_flash_attn_ok, bind_flash_attn_ext),
     Op.SOFT_MAX: CLKernel(_soft_max_ok, bind_soft_max),
     Op.ROPE: CLKernel(_rope_ok, bind_rope),
     Op.GET_ROWS: CLKernel(_get_rows_ok, bind_get_rows),

@@ -141,3 +141,37 @@ inline float deq_f16(const global uchar * row, int i) {
 #ifdef QUANT_T
 #define DEQ(row, i) CAT(deq, QUANT_T)(row, i)
 #endif
+
+// --- work-group reductions (LS work-items, a power of two) --------------------------------
+
+#ifndef LS
+#define LS 64
+#endif
+
+// tree sum of the work-group's partial values; every work-item gets the total
+inline float group_sum(local float * buf, float v) {
+    int lid = get_local_id(0);
+    buf[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = LS / 2; s > 0; s >>= 1) {
+        if (lid < s) buf[lid] += buf[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float total = buf[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+inline float group_max(local float * buf, float v) {
+    int lid = get_local_id(0);
+    buf[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = LS / 2; s > 0; s >>= 1) {
+        if (lid < s) buf[lid] = fmax(buf[lid], buf[lid + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float m = buf[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return m;
+}
+

@@ -1,33 +1,6 @@
 // Row-wise kernels: one work-group of LS work-items per row (NDRange (LS, ne1, ne2 * ne3)),
 // reducing in local memory. Built with -D LS=<power of two>, SRC0_T / DST_T.
 
-// tree sum of the work-group's partial values; every work-item gets the total
-inline float group_sum(local float * buf, float v) {
-    int lid = get_local_id(0);
-    buf[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = LS / 2; s > 0; s >>= 1) {
-        if (lid < s) buf[lid] += buf[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    float total = buf[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return total;
-}
-
-inline float group_max(local float * buf, float v) {
-    int lid = get_local_id(0);
-    buf[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = LS / 2; s > 0; s >>= 1) {
-        if (lid < s) buf[lid] = fmax(buf[lid], buf[lid + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    float m = buf[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return m;
-}
-
 #define ROW_INDICES \
     int lid = get_local_id(0), i1 = get_global_id(1), i23 = get_global_id(2); \
     int i2 = i23 % src0_ne2, i3 = i23 / src0_ne2;
@@ -83,13 +56,13 @@ kernel void argmax(TENSOR(src0), TENSOR(dst)) {
     if (lid == 0) *(global int *) ADDR(dst, i1, i2, i3, 0) = ibuf[0];
 }
 
-// NORM (rms == 0) and RMS_NORM (rms == 1)
-kernel void norm(TENSOR(src0), TENSOR(dst), float eps, int rms) {
+// NORM (kind 0), RMS_NORM (kind 1) and L2_NORM (kind 2: x / max(|x|, eps))
+kernel void norm(TENSOR(src0), TENSOR(dst), float eps, int kind) {
     local float buf[LS];
     ROW_INDICES
     int n = src0_ne0;
     float mean = 0.0f;
-    if (!rms) {
+    if (kind == 0) {
         float s = 0.0f;
         for (int i0 = lid; i0 < n; i0 += LS) s += LOAD0(ADDR(src0, i0, i1, i2, i3));
         mean = group_sum(buf, s) / n;
@@ -99,7 +72,8 @@ kernel void norm(TENSOR(src0), TENSOR(dst), float eps, int rms) {
         float x = LOAD0(ADDR(src0, i0, i1, i2, i3)) - mean;
         s2 += x * x;
     }
-    float scale = 1.0f / sqrt(group_sum(buf, s2) / n + eps);
+    float sum2 = group_sum(buf, s2);
+    float scale = kind == 2 ? 1.0f / fmax(sqrt(sum2), eps) : 1.0f / sqrt(sum2 / n + eps);
     for (int i0 = lid; i0 < n; i0 += LS) {
         STORE(ADDR(dst, i0, i1, i2, i3), (LOAD0(ADDR(src0, i0, i1, i2, i3)) - mean) * scale);
     }

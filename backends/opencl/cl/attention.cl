@@ -1,0 +1,60 @@
+// FLASH_ATTN_EXT: softmax(softcap(scale * q.k) + slope * mask) @ v with an online softmax.
+// One work-group of LS work-items per (query row, head, sequence): NDRange (LS, n_q,
+// n_head * n_seq). Each kv position's score is a group-wide dot product; each work-item
+// keeps the running output of the value dimensions d = lid, lid + LS, ... (Dv <= DV_MAX).
+// K and V are read through KV_AT: f32/f16 (SRC1_T) or a block format (QUANT_T).
+
+#define DV_MAX 1024
+#define DV_PER_ITEM (DV_MAX / LS)      // value dimensions per work-item
+
+#ifdef QUANT_T
+#define KV_AT(t, d, j, h, s) DEQ((const global uchar *) ROW(t, j, h, s), d)
+#else
+#define KV_AT(t, d, j, h, s) LOAD1(ADDR(t, d, j, h, s))
+#endif
+
+kernel void flash_attn(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSOR(sinks), TENSOR(dst),
+                       float scale, float softcap, float max_bias, float m0, float m1,
+                       int n_head_log2, int has_mask, int has_sinks) {
+    local float buf[LS];
+    int lid = get_local_id(0), iq = get_global_id(1), hs = get_global_id(2);
+    int n_head = q_ne2, h = hs % n_head, s = hs / n_head;
+    int hk = h / (n_head / k_ne2), hv = h / (n_head / v_ne2);
+    float slope = 1.0f;
+    if (max_bias > 0.0f) {
+        slope = h < n_head_log2 ? pow(m0, (float) (h + 1))
+                                : pow(m1, (float) (2 * (h - n_head_log2) + 1));
+    }
+    float acc[DV_PER_ITEM];
+    for (int i = 0; i < DV_PER_ITEM; i++) acc[i] = 0.0f;
+    float m = -INFINITY, total = 0.0f;
+    for (int j = 0; j < k_ne1; j++) {
+        float mv = has_mask ? load_f16(ADDR(mask, j, iq, h % mask_ne2, s % mask_ne3)) : 0.0f;
+        if (mv == -INFINITY) continue;       // uniform across the group: no barrier skipped
+        float part = 0.0f;
+        for (int d = lid; d < q_ne0; d += LS) {
+            part += load_f32(ADDR(q, d, iq, h, s)) * KV_AT(k, d, j, hk, s);
+        }
+        float score = group_sum(buf, part) * scale;
+        if (softcap != 0.0f) score = softcap * tanh(score);
+        score += slope * mv;
+        float m_new = fmax(m, score);
+        float correction = exp(m - m_new), w = exp(score - m_new);
+        total = total * correction + w;
+        for (int i = 0, d = lid; d < v_ne0; i++, d += LS) {
+            acc[i] = acc[i] * correction + w * KV_AT(v, d, j, hv, s);
+        }
+        m = m_new;
+    }
+    if (has_sinks) {
+        float sink = load_f32(ADDR(sinks, h, 0, 0, 0));
+        float m_new = fmax(m, sink);
+        float correction = exp(m - m_new);
+        total = total * correction + exp(sink - m_new);
+        for (int i = 0, d = lid; d < v_ne0; i++, d += LS) acc[i] *= correction;
+    }
+    float inv = total > 0.0f ? 1.0f / total : 0.0f;     // a fully masked row gives 0
+    for (int i = 0, d = lid; d < v_ne0; i++, d += LS) {
+        *(global float *) ADDR(dst, d, h, iq, s) = acc[i] * inv;
+    }
+}
