@@ -309,6 +309,53 @@ def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:
     return _launch(backend, kernel, args, (ls, q.ne[1], q.ne[2] * q.ne[3]), (ls, 1, 1))
 
 
+def _misc(backend, node: Tensor, name: str, *srcs: Tensor | None) -> Any:
+    return backend.device.programs.kernel("misc", name, **_type_defines(node, *srcs))
+
+
+def bind_argsort(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    descending = node.op == Op.TOP_K or node.op_params[0] == 1
+    args = tensor_args(backend, src) + tensor_args(backend, node) + [np.int32(descending)]
+    return _launch(backend, _misc(backend, node, "argsort", src), args, _grid(src))
+
+
+def bind_cumsum(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    args = tensor_args(backend, src) + tensor_args(backend, node)
+    return _launch(backend, _misc(backend, node, "cumsum", src), args, src.ne[1:])
+
+
+def bind_pad(backend, node: Tensor) -> Callable[[], None]:
+    src, p = node.src[0], node.op_params
+    args = tensor_args(backend, src) + tensor_args(backend, node) \
+        + [np.int32(p[0]), np.int32(p[2]), np.int32(p[4]), np.int32(p[6]), np.int32(p[8])]
+    return _launch(backend, _misc(backend, node, "pad", src), args, _grid(node))
+
+
+def bind_arange(backend, node: Tensor) -> Callable[[], None]:
+    start, _, step = node.op_params
+    args = tensor_args(backend, node) + [np.float32(start), np.float32(step)]
+    return _launch(backend, _misc(backend, node, "arange"), args, (node.ne[0],))
+
+
+def bind_group_norm(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    n_groups, eps = node.op_params
+    group_size = -(-src.ne[2] // n_groups)            # ggml's ceil(C / G) channels per group
+    ls = backend.device.row_group_size
+    args = tensor_args(backend, src) + tensor_args(backend, node) \
+        + [np.int32(group_size), np.float32(eps)]
+    return _launch(backend, _misc(backend, node, "group_norm", src), args,
+                   (ls, n_groups, src.ne[3]), (ls, 1, 1))
+
+
+def bind_ssm_conv(backend, node: Tensor) -> Callable[[], None]:
+    sx, c = node.src[0], node.src[1]
+    args = tensor_args(backend, sx) + tensor_args(backend, c) + tensor_args(backend, node)
+    return _launch(backend, _misc(backend, node, "ssm_conv", sx, c), args, node.ne[:3])
+
+
 # --- type rules ---------------------------------------------------------------------------------
 
 def _all(node: Tensor, allowed) -> bool:
@@ -407,6 +454,13 @@ KERNELS: dict[Hashable, CLKernel] = {
     Op.L2_NORM: CLKernel(_f32_rows, bind_norm),
     Op.ADD1: CLKernel(_float_ops, bind_binary),
     Op.MUL_MAT_ID: CLKernel(_mul_mat_id_ok, bind_mul_mat_id),
+    Op.ARGSORT: CLKernel(lambda n: n.src[0].type == F32, bind_argsort),
+    Op.TOP_K: CLKernel(lambda n: n.src[0].type == F32, bind_argsort),
+    Op.CUMSUM: CLKernel(_f32_rows, bind_cumsum),
+    Op.PAD: CLKernel(_float_ops, bind_pad),
+    Op.ARANGE: CLKernel(lambda n: n.type == F32, bind_arange),
+    Op.GROUP_NORM: CLKernel(_f32_rows, bind_group_norm),
+    Op.SSM_CONV: CLKernel(lambda n: _all(n, (F32,)), bind_ssm_conv),
     Op.FLASH_ATTN_EXT: CLKernel(_flash_attn_ok, bind_flash_attn_ext),
     Op.SOFT_MAX: CLKernel(_soft_max_ok, bind_soft_max),
     Op.ROPE: CLKernel(_rope_ok, bind_rope),
