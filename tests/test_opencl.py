@@ -239,11 +239,13 @@ def test_unsupported_ops_are_absent_from_the_kernel_table(dev):
 
 # --- every kernel, against the CPU ----------------------------------------------------------------
 
-def test_compare_passes_on_every_opencl_device(capsys):
+def test_compare_passes_on_opencl(capsys, dev):
+    """Every case of the catalogue whose ops OpenCL0 supports agrees with the CPU backend
+    (the other PoCL devices run the same kernels)."""
     from polydev.tools.cli import main
-    names = ",".join(d.name for d in OPENCL)
-    code = main(["compare", "-b", names, "-j", "2"])
+    code = main(["compare", "-b", dev.name])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    for d in OPENCL:
-        assert f"Backend {d.name}: OK" in out
+    assert f"Backend {dev.name}: OK" in out
+    passed = int(out.split(" tests passed")[0].split()[-1].split("/")[0])
+    assert passed > 2000

@@ -138,8 +138,91 @@ inline float deq_f16(const global uchar * row, int i) {
     return vload_half(i, (const global half *) row);
 }
 
+// --- 32 values at once: chunk c of a row (a legacy block, or a K-quant sub-block, whose
+// scales are decoded once) --------------------------------------------------------------
+
+inline void deq32_q4_0(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + c * 18;
+    float d = f16_at(b);
+    for (int j = 0; j < 16; j++) {
+        y[j] = ((b[2 + j] & 0xF) - 8) * d;
+        y[j + 16] = ((b[2 + j] >> 4) - 8) * d;
+    }
+}
+
+inline void deq32_q4_1(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + c * 20;
+    float d = f16_at(b), m = f16_at(b + 2);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (b[4 + j] & 0xF) * d + m;
+        y[j + 16] = (b[4 + j] >> 4) * d + m;
+    }
+}
+
+inline void deq32_q5_0(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + c * 22;
+    float d = f16_at(b);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (((b[6 + j] & 0xF) | q5_high_bit(b + 2, j)) - 16) * d;
+        y[j + 16] = (((b[6 + j] >> 4) | q5_high_bit(b + 2, j + 16)) - 16) * d;
+    }
+}
+
+inline void deq32_q5_1(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + c * 24;
+    float d = f16_at(b), m = f16_at(b + 2);
+    for (int j = 0; j < 16; j++) {
+        y[j] = ((b[8 + j] & 0xF) | q5_high_bit(b + 4, j)) * d + m;
+        y[j + 16] = ((b[8 + j] >> 4) | q5_high_bit(b + 4, j + 16)) * d + m;
+    }
+}
+
+inline void deq32_q8_0(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + c * 34;
+    float d = f16_at(b);
+    for (int j = 0; j < 32; j++) y[j] = ((const global char *) b)[2 + j] * d;
+}
+
+inline void deq32_q4_K(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + (c / 8) * 144;
+    int sub = c % 8, g = sub / 2, hi = sub % 2;
+    float sc, m;
+    scale_min_k4(sub, b + 4, &sc, &m);
+    float d1 = f16_at(b) * sc, m1 = f16_at(b + 2) * m;
+    const global uchar * q = b + 16 + 32 * g;
+    for (int l = 0; l < 32; l++) y[l] = d1 * (hi ? q[l] >> 4 : q[l] & 0xF) - m1;
+}
+
+inline void deq32_q5_K(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + (c / 8) * 176;
+    int sub = c % 8, g = sub / 2, hi = sub % 2;
+    float sc, m;
+    scale_min_k4(sub, b + 4, &sc, &m);
+    float d1 = f16_at(b) * sc, m1 = f16_at(b + 2) * m;
+    const global uchar * q = b + 48 + 32 * g;
+    for (int l = 0; l < 32; l++) {
+        int v = (hi ? q[l] >> 4 : q[l] & 0xF) + ((b[16 + l] >> sub) & 1) * 16;
+        y[l] = d1 * v - m1;
+    }
+}
+
+inline void deq32_q6_K(const global uchar * row, int c, float * y) {
+    const global uchar * b = row + (c / 8) * 210;
+    int sub = c % 8, h = sub / 4, quarter = sub % 4;
+    const global uchar * ql = b + 64 * h + (quarter & 1) * 32;
+    const global uchar * qh = b + 128 + 32 * h;
+    const global char * sc = (const global char *) (b + 192 + 8 * h);
+    float d = f16_at(b + 208);
+    for (int l = 0; l < 32; l++) {
+        int low = (quarter & 2) ? ql[l] >> 4 : ql[l] & 0xF;
+        int q = (low | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+        y[l] = d * sc[l / 16 + 2 * quarter] * q;
+    }
+}
+
 #ifdef QUANT_T
 #define DEQ(row, i) CAT(deq, QUANT_T)(row, i)
+#define DEQ32(row, c, y) CAT(deq32, QUANT_T)(row, c, y)
 #endif
 
 // --- work-group reductions (LS work-items, a power of two) --------------------------------

@@ -16,8 +16,18 @@ kernel void mul_mat_vec(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
     int lid = get_local_id(0), i01 = get_global_id(1), c = get_global_id(2);
     int i11 = c % src1_ne1, i12 = (c / src1_ne1) % src1_ne2, i13 = c / (src1_ne1 * src1_ne2);
     int i02 = i12 / (src1_ne2 / src0_ne2), i03 = i13 / (src1_ne3 / src0_ne3);
-    float s = 0.0f;
-    for (int k = lid; k < src0_ne0; k += LS) s += A_AT(k, i01, i02, i03) * B_AT(k, i11, i12, i13);
+    // 32-value chunks: a block format decodes each chunk's scales once
+    float s = 0.0f, a[32];
+    int K = src0_ne0, chunks = (K + 31) / 32;
+    for (int c = lid; c < chunks; c += LS) {
+        int n = min(32, K - 32 * c);
+#ifdef QUANT_T
+        DEQ32((const global uchar *) ROW(src0, i01, i02, i03), c, a);
+#else
+        for (int j = 0; j < n; j++) a[j] = LOAD0(ADDR(src0, 32 * c + j, i01, i02, i03));
+#endif
+        for (int j = 0; j < n; j++) s += a[j] * B_AT(32 * c + j, i11, i12, i13);
+    }
     buf[lid] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int w = LS / 2; w > 0; w >>= 1) {
