@@ -150,7 +150,8 @@ def test_buffer_from_host_ptr_wraps_user_memory(dev, rng):
     with dev.buffer_from_host_ptr(host) as buf, dev.init_backend() as backend:
         polydev.tensor_alloc(buf, x, 0)
         polydev.tensor_alloc(buf, out, 1024)
-        np.testing.assert_array_equal(x.numpy().ravel(), host[:256])    # the user's values, no upload
+        # the user's values, with no upload
+        np.testing.assert_array_equal(x.numpy().ravel(), host[:256])
         backend.graph_compute(build_graph(out))
         np.testing.assert_array_equal(out.numpy().ravel(), 2 * host[:256])
         if dev.host_unified:                                     # zero copy: written in place

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from polydev.buffer import tensor_get, tensor_set
 from polydev.device import Backend, Event, GraphPlan
 from polydev.errors import UnsupportedOpError
 from polydev.graph import Graph
@@ -65,7 +66,6 @@ class OpenCLBackend(Backend):
         target = self._cl_buffer(t)
         if target is None:                  # memory of another kind: the blocking path
             self.synchronize()
-            from polydev.buffer import tensor_set
             tensor_set(t, data, offset)
             return
         raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else \
@@ -78,7 +78,6 @@ class OpenCLBackend(Backend):
         source = self._cl_buffer(t)
         if source is None:
             self.synchronize()
-            from polydev.buffer import tensor_get
             tensor_get(t, offset, out.nbytes, out)
             return
         self._in_flight.append(self.device.cl.enqueue_copy(
