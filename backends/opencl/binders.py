@@ -321,6 +321,38 @@ def bind_group_norm(backend, node: Tensor) -> Callable[[], None]:
                    (ls, n_groups, src.ne[3]), (ls, 1, 1))
 
 
+def bind_roll(backend, node: Tensor) -> Callable[[], None]:
+    """ROLL is a circular PAD of nothing: d[i] = a[(i - shift) mod n]."""
+    src, shifts = node.src[0], node.op_params
+    args = tensor_args(backend, src) + tensor_args(backend, node) \
+        + [np.int32(s % max(n, 1)) for s, n in zip(shifts, src.ne)] + [np.int32(1)]
+    return _launch(backend, _misc(backend, node, "pad", src), args, _grid(node))
+
+
+def bind_pad_reflect_1d(backend, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    args = tensor_args(backend, src) + tensor_args(backend, node) + [np.int32(node.op_params[0])]
+    return _launch(backend, _misc(backend, node, "pad_reflect_1d", src), args, _grid(node))
+
+
+def bind_timestep_embedding(backend, node: Tensor) -> Callable[[], None]:
+    steps = node.src[0]
+    dim, max_period = node.op_params
+    half = dim // 2
+    # the frequencies in the CPU backend's float32 arithmetic, uploaded once per plan
+    j = np.arange(half, dtype=np.float32)
+    freqs = np.exp(-np.log(np.float32(max_period)) * j / np.float32(half)).astype(np.float32)
+    cl = backend.device.cl
+    table = cl.Buffer(backend.device.platform.context,
+                      cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=freqs)
+    table_args = [table, np.uint64(0), np.int32(half), np.int32(1), np.int32(1), np.int32(1),
+                  np.uint64(4), np.uint64(4 * half), np.uint64(4 * half), np.uint64(4 * half)]
+    args = tensor_args(backend, steps) + table_args + tensor_args(backend, node) \
+        + [np.int32(half)]
+    return _launch(backend, _misc(backend, node, "timestep_embedding"), args,
+                   (node.ne[0], node.ne[1]))
+
+
 def bind_ssm_conv(backend, node: Tensor) -> Callable[[], None]:
     sx, c = node.src[0], node.src[1]
     args = tensor_args(backend, sx) + tensor_args(backend, c) + tensor_args(backend, node)

@@ -16,8 +16,9 @@ from polydev.tensor import Tensor
 from .binders import (bind_arange, bind_argmax, bind_argsort, bind_binary, bind_concat,
                       bind_copy, bind_cumsum, bind_diag_mask_inf, bind_flash_attn_ext,
                       bind_get_rows, bind_glu, bind_group_norm, bind_mul_mat, bind_mul_mat_id,
-                      bind_norm, bind_pad, bind_repeat, bind_rope, bind_set_rows, bind_soft_max,
-                      bind_ssm_conv, bind_sum, bind_sum_rows, bind_unary)
+                      bind_norm, bind_pad, bind_pad_reflect_1d, bind_repeat, bind_roll,
+                      bind_rope, bind_set_rows, bind_soft_max, bind_ssm_conv, bind_sum,
+                      bind_sum_rows, bind_timestep_embedding, bind_unary)
 from .types import (ENCODABLE, F16, F32, FLASH_ATTN_MAX_DV, FLOATS, I32, I64, MATMUL_WEIGHTS,
                     ONE_SOURCE_OPS, QUANT_NAMES, UNARY_FUNCTIONS)
 
@@ -136,6 +137,9 @@ KERNELS: dict[Hashable, CLKernel] = {
     Op.ARANGE: CLKernel(lambda n: n.type == F32, bind_arange),
     Op.GROUP_NORM: CLKernel(_f32_rows, bind_group_norm),
     Op.SSM_CONV: CLKernel(lambda n: _all(n, (F32,)), bind_ssm_conv),
+    Op.ROLL: CLKernel(_float_ops, bind_roll),
+    Op.PAD_REFLECT_1D: CLKernel(_f32_rows, bind_pad_reflect_1d),
+    Op.TIMESTEP_EMBEDDING: CLKernel(_f32_rows, bind_timestep_embedding),
     Op.FLASH_ATTN_EXT: CLKernel(_flash_attn_ok, bind_flash_attn_ext),
     Op.SOFT_MAX: CLKernel(_soft_max_ok, bind_soft_max),
     Op.ROPE: CLKernel(_rope_ok, bind_rope),

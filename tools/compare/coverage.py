@@ -48,6 +48,6 @@ def coverage_report(cases: Sequence[Case], devices: Sequence[Device]) -> str:
     for device, table in tables.items():
         if table is not None:
             missing = [op for op in covered if op not in table]
-            lines.append(f"Tested ops without a {device} kernel ({len(missing)}): "
+            lines.append(f"Tested ops that {device} has no kernel for ({len(missing)}): "
                          + (", ".join(missing) or "none"))
     return "\n".join(lines)

@@ -90,3 +90,25 @@ kernel void ssm_conv(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
     }
     store_f32(ADDR(dst, i1, t, s, 0), acc);
 }
+
+// PAD_REFLECT_1D: rows extended by p0 / p1 mirrored values, the edge itself not repeated.
+// NDRange over dst (ne0, ne1, ne2 * ne3).
+kernel void pad_reflect_1d(TENSOR(src0), TENSOR(dst), int p0) {
+    int i0 = get_global_id(0), i1 = get_global_id(1), i23 = get_global_id(2);
+    int i2 = i23 % dst_ne2, i3 = i23 / dst_ne2;
+    int n = src0_ne0, s = i0 - p0;
+    s = s < 0 ? -s : (s >= n ? 2 * (n - 1) - s : s);
+    store_f32(ADDR(dst, i0, i1, i2, i3), load_f32(ADDR(src0, s, i1, i2, i3)));
+}
+
+// TIMESTEP_EMBEDDING: row i is [cos(t_i f_j), sin(t_i f_j)] (j < dim / 2), then a 0 when dim
+// is odd; the frequencies f_j come from the host. NDRange (dst ne0, n_timesteps).
+kernel void timestep_embedding(TENSOR(src0), TENSOR(src1), TENSOR(dst), int half_dim) {
+    int j = get_global_id(0), i = get_global_id(1);
+    float v = 0.0f;
+    if (j < 2 * half_dim) {
+        float arg = load_f32(ADDR(src0, i, 0, 0, 0)) * load_f32(ADDR(src1, j % half_dim, 0, 0, 0));
+        v = j < half_dim ? cos(arg) : sin(arg);
+    }
+    store_f32(ADDR(dst, j, i, 0, 0), v);
+}
