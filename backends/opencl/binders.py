@@ -33,14 +33,32 @@ def tensor_args(backend: "OpenCLBackend", t: Tensor | None) -> list:
         + [np.uint64(n) for n in t.nb]
 
 
+class _Launch:
+    """One bound node: its kernel object with its arguments set, enqueued on each call.
+
+    It holds the arguments too: clSetKernelArg does not retain a cl.Buffer, so a buffer made
+    for this node alone (a constant table) must live as long as the call.
+    """
+
+    __slots__ = ("enqueue", "queue", "kernel", "global_size", "local_size", "args")
+
+    def __init__(self, backend: "OpenCLBackend", kernel: Any, args: list, global_size,
+                 local_size) -> None:
+        kernel.set_args(*args)
+        self.enqueue = backend.device.cl.enqueue_nd_range_kernel
+        self.queue, self.kernel, self.args = backend.queue, kernel, args
+        self.global_size = tuple(int(g) for g in global_size)
+        self.local_size = local_size
+
+    def __call__(self) -> None:
+        self.enqueue(self.queue, self.kernel, self.global_size, self.local_size)
+
+
 def _launch(backend: "OpenCLBackend", kernel: Any, args: list, global_size, local_size=None
             ) -> Callable[[], None]:
-    kernel.set_args(*args)
-    cl, queue = backend.device.cl, backend.queue
-    global_size = tuple(int(g) for g in global_size)
-    if min(global_size) == 0:
+    if min(int(g) for g in global_size) == 0:
         return lambda: None
-    return lambda: cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+    return _Launch(backend, kernel, args, global_size, local_size)
 
 
 def _grid(t: Tensor) -> tuple[int, int, int]:
