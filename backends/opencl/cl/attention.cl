@@ -30,12 +30,15 @@ kernel void flash_attn(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSOR(sin
     float m = -INFINITY, total = 0.0f;
     for (int j = 0; j < k_ne1; j++) {
         float mv = has_mask ? load_f16(ADDR(mask, j, iq, h % mask_ne2, s % mask_ne3)) : 0.0f;
-        if (mv == -INFINITY) continue;       // uniform across the group: no barrier skipped
+        // a masked position still takes part in the reduction: every work-item must reach
+        // every barrier (PoCL miscompiles a loop that skips one, even uniformly)
+        bool masked = mv == -INFINITY;
         float part = 0.0f;
-        for (int d = lid; d < q_ne0; d += LS) {
+        for (int d = lid; d < q_ne0 && !masked; d += LS) {
             part += load_f32(ADDR(q, d, iq, h, s)) * KV_AT(k, d, j, hk, s);
         }
         float score = group_sum(buf, part) * scale;
+        if (masked) continue;
         if (softcap != 0.0f) score = softcap * tanh(score);
         score += slope * mv;
         float m_new = fmax(m, score);
