@@ -206,6 +206,24 @@ def test_events_order_two_queues(dev, rng):
         done.synchronize()
 
 
+def test_a_bad_row_index_is_an_error_at_synchronize(dev, rng):
+    from polydev.errors import OutOfBoundsError
+    ctx = Context()
+    table = ctx.new_tensor(GGMLType.F32, (8, 5), "table")
+    rows = ctx.new_tensor(GGMLType.I32, (3,), "rows")
+    out = ops.get_rows(ctx, table, rows)
+    with alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as backend:
+        values = rng.standard_normal((5, 8)).astype(np.float32)
+        table.set_data(values)
+        rows.set_data(np.int32([1, 7, 2]))                     # 7: there are 5 rows
+        graph = build_graph(out)
+        with pytest.raises(OutOfBoundsError, match="GET_ROWS, SET_ROWS or MUL_MAT_ID"):
+            backend.graph_compute(graph)
+        rows.set_data(np.int32([1, 4, 2]))                     # the flag was reset
+        backend.graph_compute(graph)
+        np.testing.assert_array_equal(out.numpy()[0, 0], values[[1, 4, 2]])
+
+
 @two_devices
 def test_two_devices_share_a_context_and_copy_device_to_device(rng):
     d0, d1 = OPENCL[0], OPENCL[1]

@@ -13,7 +13,7 @@ import numpy as np
 
 from polydev.buffer import tensor_get, tensor_set
 from polydev.device import Backend, Event, GraphPlan
-from polydev.errors import UnsupportedOpError
+from polydev.errors import OutOfBoundsError, UnsupportedOpError
 from polydev.graph import Graph
 from polydev.ops import VIEW_OPS, Op, op_desc
 from polydev.tensor import Tensor
@@ -50,8 +50,14 @@ class OpenCLBackend(Backend):
 
     def __init__(self, device: OpenCLDevice) -> None:
         super().__init__(device)
-        self.queue = device.cl.CommandQueue(device.platform.context, device.cl_device)
+        cl = device.cl
+        self.queue = cl.CommandQueue(device.platform.context, device.cl_device)
         self._in_flight: list = []      # events of async transfers (they pin host memory)
+        # set by GET_ROWS, SET_ROWS and MUL_MAT_ID kernels that meet an index out of range
+        self.bad_index = cl.Buffer(device.platform.context,
+                                   cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                                   hostbuf=np.zeros(1, np.int32))
+        self.index_check_pending = False
         device.platform.track(self)
 
     # --- data movement --------------------------------------------------------------------------
@@ -108,6 +114,19 @@ class OpenCLBackend(Backend):
     def _synchronize(self) -> None:
         self.queue.finish()
         self._in_flight.clear()
+        if self.index_check_pending:
+            self._raise_on_bad_index()
+
+    def _raise_on_bad_index(self) -> None:
+        """Kernels cannot raise: a bad row or expert index sets a flag, read here."""
+        self.index_check_pending = False
+        cl, flag = self.device.cl, np.zeros(1, np.int32)
+        cl.enqueue_copy(self.queue, flag, self.bad_index, is_blocking=True)
+        if flag[0]:
+            cl.enqueue_fill_buffer(self.queue, self.bad_index, np.int32(0), 0, 4).wait()
+            raise OutOfBoundsError(
+                f"{self.name}: a GET_ROWS, SET_ROWS or MUL_MAT_ID index was outside its "
+                f"tensor; the rows it named hold NaN (reads) or were not written (writes)")
 
     # --- compute --------------------------------------------------------------------------------
 
@@ -150,3 +169,4 @@ class OpenCLBackend(Backend):
     def _free(self) -> None:
         self.queue.finish()
         self._in_flight.clear()
+        self.bad_index.release()

@@ -40,25 +40,30 @@ class _Launch:
     for this node alone (a constant table) must live as long as the call.
     """
 
-    __slots__ = ("enqueue", "queue", "kernel", "global_size", "local_size", "args")
+    __slots__ = ("enqueue", "queue", "kernel", "global_size", "local_size", "args", "backend",
+                 "checks_indices")
 
     def __init__(self, backend: "OpenCLBackend", kernel: Any, args: list, global_size,
-                 local_size) -> None:
+                 local_size, checks_indices: bool) -> None:
         kernel.set_args(*args)
         self.enqueue = backend.device.cl.enqueue_nd_range_kernel
-        self.queue, self.kernel, self.args = backend.queue, kernel, args
+        self.queue, self.kernel, self.args, self.backend = backend.queue, kernel, args, backend
         self.global_size = tuple(int(g) for g in global_size)
         self.local_size = local_size
+        self.checks_indices = checks_indices
 
     def __call__(self) -> None:
         self.enqueue(self.queue, self.kernel, self.global_size, self.local_size)
+        if self.checks_indices:          # the flag is read when the backend synchronizes
+            self.backend.index_check_pending = True
 
 
-def _launch(backend: "OpenCLBackend", kernel: Any, args: list, global_size, local_size=None
-            ) -> Callable[[], None]:
+def _launch(backend: "OpenCLBackend", kernel: Any, args: list, global_size, local_size=None,
+            checks_indices: bool = False) -> Callable[[], None]:
+    """The call enqueuing ``kernel``; ``checks_indices``: it may flag a bad index."""
     if min(int(g) for g in global_size) == 0:
         return lambda: None
-    return _Launch(backend, kernel, args, global_size, local_size)
+    return _Launch(backend, kernel, args, global_size, local_size, checks_indices)
 
 
 def _grid(t: Tensor) -> tuple[int, int, int]:
@@ -233,22 +238,25 @@ def bind_get_rows(backend, node: Tensor) -> Callable[[], None]:
     elif src.type in QUANT_NAMES:
         defines["QUANT_T"] = QUANT_NAMES[src.type]
     k = backend.device.programs.kernel("rows", name, **defines)
-    args = tensor_args(backend, src) + tensor_args(backend, idx) + tensor_args(backend, node)
-    return _launch(backend, k, args, (node.ne[0], idx.ne[0], idx.ne[1] * idx.ne[2]))
+    args = tensor_args(backend, src) + tensor_args(backend, idx) + tensor_args(backend, node) \
+        + [backend.bad_index]
+    return _launch(backend, k, args, (node.ne[0], idx.ne[0], idx.ne[1] * idx.ne[2]),
+                   checks_indices=True)
 
 
 def bind_set_rows(backend, node: Tensor) -> Callable[[], None]:
     rows, idx = node.src[0], node.src[1]
     defines = _type_defines(node, rows)
     defines["IDX_T"] = "long" if idx.type == I64 else "int"
-    args = tensor_args(backend, rows) + tensor_args(backend, idx) + tensor_args(backend, node)
+    args = tensor_args(backend, rows) + tensor_args(backend, idx) + tensor_args(backend, node) \
+        + [backend.bad_index]
     grid = (rows.ne[0], rows.ne[1], rows.ne[2] * rows.ne[3])
     if node.type in ENCODABLE:           # one work-item per block of a row
         k = backend.device.programs.kernel("quantize", "set_rows_blocks", **defines,
                                            QUANT_T=QUANT_NAMES[node.type], ENCODE=True)
-        return _launch(backend, k, args, (rows.ne[0] // 32,) + grid[1:])
+        return _launch(backend, k, args, (rows.ne[0] // 32,) + grid[1:], checks_indices=True)
     k = backend.device.programs.kernel("rows", "set_rows", **defines)
-    return _launch(backend, k, args, grid)
+    return _launch(backend, k, args, grid, checks_indices=True)
 
 
 def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
@@ -276,8 +284,10 @@ def bind_mul_mat_id(backend, node: Tensor) -> Callable[[], None]:
         defines["QUANT_T"] = QUANT_NAMES[experts.type]
     ls = backend.device.row_group_size
     k = backend.device.programs.kernel("mul_mat", "mul_mat_id_vec", **defines)
-    args = [a for t in (experts, b, ids, node) for a in tensor_args(backend, t)]
-    return _launch(backend, k, args, (ls, experts.ne[1], node.ne[1] * node.ne[2]), (ls, 1, 1))
+    args = [a for t in (experts, b, ids, node) for a in tensor_args(backend, t)] \
+        + [backend.bad_index]
+    return _launch(backend, k, args, (ls, experts.ne[1], node.ne[1] * node.ne[2]), (ls, 1, 1),
+                   checks_indices=True)
 
 
 def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:

@@ -63,13 +63,15 @@ kernel void mul_mat_tiled(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
 
 // MUL_MAT_ID (mixture of experts): dst(i01, slot, t) = as[expert ids(slot, t)] row i01 dotted
 // with b(:, slot % ne11, t). NDRange (LS, ne01, n_used * n_tokens); src2 holds the ids. An
-// expert id outside src0 gives NaN (there is no error channel).
-kernel void mul_mat_id_vec(TENSOR(src0), TENSOR(src1), TENSOR(src2), TENSOR(dst)) {
+// expert id outside src0 gives NaN and sets *bad_index.
+kernel void mul_mat_id_vec(TENSOR(src0), TENSOR(src1), TENSOR(src2), TENSOR(dst),
+                           global int * bad_index) {
     local float buf[LS];
     int lid = get_local_id(0), i01 = get_global_id(1), c = get_global_id(2);
     int n_used = dst_ne1, slot = c % n_used, t = c / n_used;
     int e = *(const global int *) ADDR(src2, slot, t, 0, 0);
     bool valid = e >= 0 && e < src0_ne2;
+    if (!valid && lid == 0) *bad_index = 1;
     float s = 0.0f;
     if (valid) {
         for (int k = lid; k < src0_ne0; k += LS) {

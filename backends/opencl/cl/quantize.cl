@@ -102,11 +102,14 @@ kernel void copy_to_blocks(TENSOR(src0), TENSOR(dst)) {
 }
 
 // SET_ROWS into a block-format tensor: one work-item per block of a row
-kernel void set_rows_blocks(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
+kernel void set_rows_blocks(TENSOR(src0), TENSOR(src1), TENSOR(dst), global int * bad_index) {
     int blk = get_global_id(0), i01 = get_global_id(1), i23 = get_global_id(2);
     int i02 = i23 % src0_ne2, i03 = i23 / src0_ne2;
     long r = *(const global IDX_T *) ADDR(src1, i01, i02 % src1_ne1, i03 % src1_ne2, 0);
-    if (r < 0 || r >= dst_ne1) return;
+    if (r < 0 || r >= dst_ne1) {
+        *bad_index = 1;
+        return;
+    }
     float x[32];
     for (int j = 0; j < 32; j++) x[j] = LOAD0(ADDR(src0, blk * 32 + j, i01, i02, i03));
     QUANTIZE(x, (global uchar *) ROW(dst, r, i02, i03) + blk * BLOCK_BYTES);

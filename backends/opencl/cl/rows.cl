@@ -119,13 +119,16 @@ kernel void soft_max(TENSOR(src0), TENSOR(mask), TENSOR(sinks), TENSOR(dst), flo
 }
 
 // GET_ROWS: dst(i0, i10, i11, i12) = src0(i0, rows(i10, i11, i12), i11, i12); NDRange
-// (ne0, ne10, ne11 * ne12). An index outside src0 gives NaN (there is no error channel).
-kernel void get_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
+// (ne0, ne10, ne11 * ne12). An index outside src0 gives NaN and sets *bad_index, which the
+// backend turns into an error when it synchronizes.
+kernel void get_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst), global int * bad_index) {
     int i0 = get_global_id(0), i10 = get_global_id(1), i1112 = get_global_id(2);
     int i11 = i1112 % src1_ne1, i12 = i1112 / src1_ne1;
     int r = *(const global int *) ADDR(src1, i10, i11, i12, 0);
     float v = NAN;
-    if (r >= 0 && r < src0_ne1) {
+    if (r < 0 || r >= src0_ne1) {
+        *bad_index = 1;
+    } else {
 #ifdef QUANT_T
         v = DEQ((const global uchar *) ROW(src0, r, i11, i12), i0);
 #else
@@ -135,20 +138,25 @@ kernel void get_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
     STORE(ADDR(dst, i0, i10, i11, i12), v);
 }
 
-kernel void get_rows_i32(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
+kernel void get_rows_i32(TENSOR(src0), TENSOR(src1), TENSOR(dst), global int * bad_index) {
     int i0 = get_global_id(0), i10 = get_global_id(1), i1112 = get_global_id(2);
     int i11 = i1112 % src1_ne1, i12 = i1112 / src1_ne1;
     int r = *(const global int *) ADDR(src1, i10, i11, i12, 0);
+    if (r < 0 || r >= src0_ne1) *bad_index = 1;
     int v = (r >= 0 && r < src0_ne1) ? *(const global int *) ADDR(src0, i0, r, i11, i12) : 0;
     *(global int *) ADDR(dst, i0, i10, i11, i12) = v;
 }
 
 // SET_ROWS: row i01 of src0 goes to row idx(i01, i02 % ne11, i03 % ne12) of dst; NDRange
-// (ne00, ne01, ne02 * ne03). IDX_T is int or long; an index outside dst is skipped.
-kernel void set_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
+// (ne00, ne01, ne02 * ne03). IDX_T is int or long; an index outside dst is skipped (and
+// flagged in *bad_index).
+kernel void set_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst), global int * bad_index) {
     int i0 = get_global_id(0), i01 = get_global_id(1), i23 = get_global_id(2);
     int i02 = i23 % src0_ne2, i03 = i23 / src0_ne2;
     long r = *(const global IDX_T *) ADDR(src1, i01, i02 % src1_ne1, i03 % src1_ne2, 0);
-    if (r < 0 || r >= dst_ne1) return;
+    if (r < 0 || r >= dst_ne1) {
+        *bad_index = 1;
+        return;
+    }
     STORE(ADDR(dst, i0, r, i02, i03), LOAD0(ADDR(src0, i0, i01, i02, i03)));
 }
