@@ -1,0 +1,496 @@
+"""``Scheduler``: one graph across several backends (ggml_backend_sched).
+
+Backends are given in priority order, the CPU last. ``alloc_graph`` places every tensor
+(``sched_split.plan_splits``: ggml's five passes), cuts the graph into splits of one backend
+each, and allocates the splits' memory plus a copy, on each split's backend, of every source
+that lives elsewhere. ``compute`` then runs the splits in order, copying their inputs with
+asynchronous device copies where both backends can, ordered by events.
+
+Differences from ggml, on purpose:
+- the caller's graph is never changed: the scheduler computes twins of its nodes whose sources
+  point at the copies, and gives each original node its twin's memory;
+- a graph with the same structure as the last one (same ops, shapes, strides and weights)
+  reuses the last placement and splits without running the passes again;
+- an eval callback that returns False cancels the rest of the compute, every split;
+- every tensor keeps the cause of its placement (``placement(t)``), printed with
+  ``POLYDEV_SCHED_DEBUG=1`` (splits) or ``=2`` (every node);
+- ``trace()`` records each copy and compute and writes Chrome trace JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from .alloc import GraphAllocator
+from .buffer import BufferType, tensor_copy
+from .context import Context
+from .device import Backend, DeviceType, Event, tensor_copy_async
+from .errors import AllocationError, InvalidArgumentError
+from .graph import DEFAULT_GRAPH_SIZE, Graph
+from .ops import VIEW_OPS, Op
+from .sched_split import Assignment, Split, plan_splits
+from .tensor import Tensor, TensorFlag
+
+__all__ = ["Scheduler", "EvalCallback", "MAX_BACKENDS", "MAX_COPIES"]
+
+log = logging.getLogger(__name__)
+
+MAX_BACKENDS = 16
+MAX_COPIES = 4
+
+EvalCallback = Callable[[Tensor, bool], bool]
+"""``cb(t, ask)``: with ask=True, return whether you want ``t``'s value; with ask=False the
+value is ready (synchronized), and returning False cancels the rest of the compute."""
+
+
+@dataclass
+class _Step:
+    """What one compute runs: the splits, their twin graphs and their input copies."""
+
+    splits: list[Split]
+    graphs: list[Graph]                       # each split's twin nodes
+    originals: list[list[Tensor]]             # each split's original nodes (for callbacks)
+    copies: dict[tuple[int, int], list[Tensor]]   # (id(src), backend) -> copy per slot
+    resolve: dict[int, Tensor]                # id(original node) -> its twin
+    ids: Assignment
+
+
+class Scheduler:
+    """Runs graphs over ``backends`` (priority order; the last must be a CPU device)."""
+
+    def __init__(self, backends: Sequence[Backend],
+                 buffer_types: Sequence[BufferType] | None = None,
+                 graph_size: int = DEFAULT_GRAPH_SIZE, parallel: bool = False,
+                 op_offload: bool = True) -> None:
+        backends = list(backends)
+        if not 1 <= len(backends) <= MAX_BACKENDS:
+            raise InvalidArgumentError(f"a scheduler takes 1 to {MAX_BACKENDS} backends, got "
+                                       f"{len(backends)}")
+        if backends[-1].device.type != DeviceType.CPU:
+            raise InvalidArgumentError(f"the last backend of a scheduler must be a CPU device "
+                                       f"(the fallback for every op); got {backends[-1].name}")
+        bufts = list(buffer_types) if buffer_types is not None else \
+            [b.default_buffer_type for b in backends]
+        if len(bufts) != len(backends):
+            raise InvalidArgumentError(f"{len(bufts)} buffer types for {len(backends)} backends")
+        for b, buft in zip(backends, bufts):
+            if not b.supports_buft(buft):
+                raise InvalidArgumentError(f"backend {b.name} cannot use buffer type "
+                                           f"{buft.name}")
+        self.backends, self.bufts = backends, bufts
+        self.graph_size, self.op_offload = graph_size, op_offload
+        self.n_copies = MAX_COPIES if parallel else 1
+        self.events: list[list[Event | None]] = [
+            [b.device.event_new() if parallel else None for _ in range(self.n_copies)]
+            for b in backends]
+        self.galloc = GraphAllocator(bufts)
+        self.debug = int(os.environ.get("POLYDEV_SCHED_DEBUG", "0") or 0)
+        self._user = Assignment()
+        self._step: _Step | None = None
+        self._signature: tuple | None = None
+        self._allocated_graph: Graph | None = None
+        self._plans: list = []
+        self.cur_copy = 0
+        self._next_copy = 0
+        self._callback: EvalCallback | None = None
+        self._trace: list[dict] | None = None
+        self.closed = False
+
+    # --- public API -----------------------------------------------------------------------------
+
+    @property
+    def n_backends(self) -> int:
+        return len(self.backends)
+
+    @property
+    def n_splits(self) -> int:
+        return len(self._step.splits) if self._step is not None else 0
+
+    def backend_id(self, backend: Backend) -> int:
+        for i, b in enumerate(self.backends):
+            if b is backend:
+                return i
+        raise InvalidArgumentError(f"backend {backend.name} is not one of this scheduler's")
+
+    def buffer_type(self, backend: Backend) -> BufferType:
+        return self.bufts[self.backend_id(backend)]
+
+    def buffer_size(self, backend: Backend) -> int:
+        """Compute-buffer bytes reserved for ``backend`` (a buffer type shared with an earlier
+        backend is counted there)."""
+        return self.galloc.buffer_size(self.backend_id(backend))
+
+    def set_tensor_backend(self, t: Tensor, backend: Backend) -> None:
+        """Pin ``t`` to ``backend``: every later placement keeps it (until ``reset``)."""
+        self._user.set(t, self.backend_id(backend), "usr")
+        self._signature = None
+
+    def get_tensor_backend(self, t: Tensor) -> Backend | None:
+        ids = self._step.ids if self._step is not None else self._user
+        b = ids.get(t)
+        return self.backends[b] if b != -1 else None
+
+    def placement(self, t: Tensor) -> tuple[str, str] | None:
+        """(backend name, cause) of ``t`` in the last placement, e.g. ("OpenCL0", "1.wgt0")."""
+        if self._step is None or self._step.ids.get(t) == -1:
+            return None
+        return self.backends[self._step.ids.get(t)].name, self._step.ids.cause(t)
+
+    def set_eval_callback(self, callback: EvalCallback | None) -> None:
+        self._callback = callback
+
+    def reset(self) -> None:
+        """Forget the placement, the allocation and the user's pinned tensors."""
+        self._user = Assignment()
+        self._step = None
+        self._signature = None
+        self._allocated_graph = None
+        self._plans = []
+
+    def reserve(self, graph: Graph) -> None:
+        """Size the compute buffers for ``graph`` (the largest one a program will run)."""
+        self.synchronize()
+        step = self._plan(graph)
+        sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
+        self.galloc.reserve(sched_graph, node_ids, leaf_ids)
+
+    def alloc_graph(self, graph: Graph) -> None:
+        """Place and allocate ``graph``: every node gets memory on its backend."""
+        self.cur_copy = self._next_copy
+        self._next_copy = (self._next_copy + 1) % self.n_copies
+        step = self._plan(graph)
+        sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
+        if not self.galloc.alloc_graph(sched_graph):
+            self.synchronize()
+            self.galloc.reserve(sched_graph, node_ids, leaf_ids)
+            if not self.galloc.alloc_graph(sched_graph):
+                raise AllocationError("the scheduler could not allocate the graph")
+        for node in graph.nodes:                   # the caller's nodes share their twins' memory
+            twin = step.resolve[id(node)]
+            node.buffer, node.offset = twin.buffer, twin.offset
+        self._step = step
+        self._allocated_graph = graph
+        self._plans = [None] * len(step.splits)
+        if self.debug:
+            self._print_splits(graph, step)
+
+    def compute(self, graph: Graph) -> bool:
+        """Compute ``graph`` and wait; False when an eval callback cancelled it."""
+        done = self.compute_async(graph)
+        self.synchronize()
+        return done
+
+    def compute_async(self, graph: Graph) -> bool:
+        """Queue ``graph``'s splits (allocating it first unless it is the allocated graph)."""
+        if graph is not self._allocated_graph:
+            self.alloc_graph(graph)
+        return self._compute_splits()
+
+    def synchronize(self) -> None:
+        for b in self.backends:
+            b.synchronize()
+        if self._allocated_graph is None:
+            self._next_copy = 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.synchronize()
+            for row in self.events:
+                for e in row:
+                    if e is not None:
+                        e.close()
+            self.galloc.close()
+
+    def __enter__(self) -> "Scheduler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- tracing --------------------------------------------------------------------------------
+
+    @contextmanager
+    def trace(self) -> Iterator[list[dict]]:
+        """Record every copy and compute inside the ``with`` (each synchronized to time it)."""
+        self._trace = []
+        try:
+            yield self._trace
+        finally:
+            self._trace_done, self._trace = self._trace, None
+
+    def write_trace(self, path: str, events: list[dict] | None = None) -> None:
+        """Chrome trace JSON (chrome://tracing, ui.perfetto.dev): one row per backend."""
+        events = events if events is not None else getattr(self, "_trace_done", [])
+        rows = [{"name": e["name"], "cat": e["kind"], "ph": "X", "pid": 0,
+                 "tid": e["backend"], "ts": e["start_us"], "dur": e["end_us"] - e["start_us"],
+                 "args": {"bytes": e["bytes"]}} for e in events]
+        with open(path, "w") as f:
+            json.dump({"traceEvents": rows, "displayTimeUnit": "ms"}, f)
+
+    def _record(self, kind: str, name: str, backend: Backend, nbytes: int,
+                run: Callable[[], None]) -> None:
+        if self._trace is None:
+            run()
+            return
+        start = time.perf_counter()
+        run()
+        backend.synchronize()
+        end = time.perf_counter()
+        self._trace.append({"kind": kind, "name": name, "backend": backend.name,
+                            "bytes": nbytes, "start_us": start * 1e6, "end_us": end * 1e6})
+
+    # --- planning -------------------------------------------------------------------------------
+
+    def _plan(self, graph: Graph) -> _Step:
+        if graph.n_nodes + graph.n_leafs > 2 * self.graph_size:
+            raise InvalidArgumentError(f"graph of {graph.n_nodes} nodes and {graph.n_leafs} "
+                                       f"leafs exceeds the scheduler's graph size "
+                                       f"{self.graph_size}")
+        signature = _signature(graph)
+        if self._step is not None and signature == self._signature:
+            return self._replan(graph)
+        ids, splits = plan_splits(self.backends, self.bufts, self.op_offload, self._user, graph)
+        self._signature = signature
+        self._last_graph = graph
+        return self._build_step(graph, ids, splits)
+
+    def _replan(self, graph: Graph) -> _Step:
+        """The last placement moved onto a graph of the same structure (no passes)."""
+        old_graph, old = self._last_graph, self._step
+        mapping = _correspondence(old_graph, graph)
+        ids = Assignment()
+        for old_id, (old_t, b, cause) in old.ids._ids.items():
+            new_t = mapping.get(old_id)
+            if new_t is not None:
+                ids.set(new_t, b, cause)
+        splits = [Split(s.backend_id, s.i_start, s.i_end,
+                        [mapping[id(t)] for t in s.inputs], set(s.reads_from))
+                  for s in old.splits]
+        self._last_graph = graph
+        return self._build_step(graph, ids, splits)
+
+    def _build_step(self, graph: Graph, ids: Assignment, splits: list[Split]) -> _Step:
+        resolve: dict[int, Tensor] = {}
+
+        def resolved(t: Tensor) -> Tensor:
+            return resolve.get(id(t), t)
+
+        copies: dict[tuple[int, int], list[Tensor]] = {}
+        for split in splits:
+            for src in split.inputs:
+                name = src.name or "tensor"
+                copies[(id(src), split.backend_id)] = [
+                    _layout_copy(src, f"{self.backends[split.backend_id].name}#{name}#{c}",
+                                 self.n_copies > 1)
+                    for c in range(self.n_copies)]
+        graphs, originals = [], []
+        for split in splits:
+            g = Graph(max(split.i_end - split.i_start, 1))
+            for node in graph.nodes[split.i_start:split.i_end]:
+                twin = _twin(node, resolved, lambda s, b=split.backend_id: self._source_for(
+                    s, b, copies, ids, resolved))
+                resolve[id(node)] = twin
+                ids.set(twin, ids.get(node), ids.cause(node))
+                g.add_node(twin)
+            graphs.append(g)
+            originals.append(graph.nodes[split.i_start:split.i_end])
+        return _Step(splits, graphs, originals, copies, resolve, ids)
+
+    def _source_for(self, src: Tensor, backend_id: int, copies, ids: Assignment,
+                    resolved) -> Tensor:
+        """What a twin on ``backend_id`` reads for ``src``: its copy there, or src itself."""
+        slots = copies.get((id(src), backend_id))
+        if slots is not None and ids.get(src) != backend_id:
+            return slots[self.cur_copy]
+        return resolved(src)
+
+    def _allocation_graph(self, graph: Graph, step: _Step) -> tuple[Graph, list, list]:
+        """Input keep-alive views, input copies and twins per split, plus the leaves."""
+        n_inputs = sum(len(s.inputs) for s in step.splits)
+        g = Graph(max(graph.n_nodes + 2 * n_inputs * self.n_copies, graph.n_leafs, 1))
+        node_ids, leaf_ids = [], []
+        ctx = Context("sched")
+        for split, twins in zip(step.splits, step.graphs):
+            for src in split.inputs:
+                source = step.resolve.get(id(src), src)
+                keep_alive = ctx.new_view(source, source.ne, source.nb, 0)
+                keep_alive.src = [source]          # holds the source until its copy is made
+                keep_alive.name = f"{source.name} (input of split)"
+                g.add_node(keep_alive)
+                node_ids.append(step.ids.get(src))
+                g.add_node(step.copies[(id(src), split.backend_id)][self.cur_copy])
+                node_ids.append(split.backend_id)
+            for twin in twins.nodes:
+                g.add_node(twin)
+                node_ids.append(step.ids.get(twin))
+        if self.n_copies > 1:                       # every slot of every copy stays in memory
+            for (src_id, b), slots in step.copies.items():
+                for c, slot in enumerate(slots):
+                    if c != self.cur_copy:
+                        g.leafs.append(slot)
+                        leaf_ids.append(b)
+        for leaf in graph.leafs:
+            g.leafs.append(leaf)
+            leaf_ids.append(step.ids.get(leaf) if step.ids.get(leaf) != -1 else
+                            len(self.backends) - 1)
+        return g, node_ids, leaf_ids
+
+    # --- execution ------------------------------------------------------------------------------
+
+    def _compute_splits(self) -> bool:
+        step = self._step
+        prev: Backend | None = None
+        for k, split in enumerate(step.splits):
+            backend = self.backends[split.backend_id]
+            event = self.events[split.backend_id][self.cur_copy]
+            if not split.inputs and prev is not None and prev is not backend:
+                prev.synchronize()             # the allocator may reuse memory across splits
+            for b in split.reads_from:         # memory another backend wrote, read in place
+                self.backends[b].synchronize()
+            self._copy_inputs(split, backend, event)
+            if not self._run(k, backend):
+                return False
+            if event is not None:
+                event.record(backend)
+            prev = backend
+        return True
+
+    def _copy_inputs(self, split: Split, backend: Backend, event: Event | None) -> None:
+        step = self._step
+        for src in split.inputs:
+            copy = step.copies[(id(src), split.backend_id)][self.cur_copy]
+            source = step.resolve.get(id(src), src)
+            src_backend = self.backends[step.ids.get(src)]
+            if src.flags & TensorFlag.INPUT:     # the user may overwrite it right after
+                event.synchronize() if event is not None else backend.synchronize()
+                self._record("copy", copy.name, backend, src.nbytes,
+                             lambda: tensor_copy(source, copy))
+                continue
+            if event is not None:
+                event.wait(backend)
+            else:
+                backend.synchronize()
+            self._record("copy", copy.name, backend, src.nbytes,
+                         lambda: tensor_copy_async(src_backend, backend, source, copy))
+
+    def _run(self, k: int, backend: Backend) -> bool:
+        graph, originals = self._step.graphs[k], self._step.originals[k]
+        if self._callback is None:
+            nbytes = sum(n.nbytes for n in graph.nodes)
+            self._record("compute", f"split {k}", backend, nbytes,
+                         lambda: self._compute_planned(k, backend, graph))
+            return True
+        cb, n, j0 = self._callback, graph.n_nodes, 0
+        while j0 < n:
+            need = cb(originals[j0], True)
+            j1 = j0
+            while not need and j1 < n - 1:
+                j1 += 1
+                need = cb(originals[j1], True)
+            backend.graph_compute(graph.view(j0, j1 + 1))
+            if need and cb(originals[j1], False) is False:
+                return False                    # cancels every split, as ggml's header says
+            j0 = j1 + 1
+        return True
+
+    def _compute_planned(self, k: int, backend: Backend, graph: Graph) -> None:
+        plan = self._plans[k]
+        if plan is None:
+            try:
+                plan = self._plans[k] = backend.graph_plan_create(graph)
+            except Exception:              # a backend without plans computes the graph
+                plan = self._plans[k] = False
+        if plan is False:
+            backend.graph_compute_async(graph)
+        else:
+            backend.graph_plan_compute(plan)
+
+    # --- debugging ------------------------------------------------------------------------------
+
+    def _print_splits(self, graph: Graph, step: _Step) -> None:
+        out = sys.stderr
+        for k, split in enumerate(step.splits):
+            inputs = " ".join(f"[{s.name} ({s.nbytes / 1024:.0f}K)]" for s in split.inputs)
+            print(f"## SPLIT #{k}: {self.backends[split.backend_id].name} # "
+                  f"{len(split.inputs)} inputs: {inputs}", file=out)
+            if self.debug < 2:
+                continue
+            for i in range(split.i_start, split.i_end):
+                node = graph.nodes[i]
+                srcs = " ".join(
+                    f"{s.name} [{self._name_of(step.ids.get(s))} {step.ids.cause(s)}]"
+                    for s in node.src if s is not None)
+                print(f"node #{i:3d} ({node.op.name:>10}): {node.name} "
+                      f"({node.nbytes / 1024:.0f}K) [{self._name_of(step.ids.get(node))} "
+                      f"{step.ids.cause(node)}]: {srcs}", file=out)
+
+    def _name_of(self, b: int) -> str:
+        return self.backends[b].name if b != -1 else "NULL"
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+def _layout_copy(src: Tensor, name: str, pinned: bool) -> Tensor:
+    """A tensor with ``src``'s type, shape and strides (ggml_dup_tensor_layout)."""
+    t = Tensor(src.type, src.ne, src.nb, Op.NONE, name=name)
+    if pinned:      # pipelined copy slots must never share memory
+        t.flags |= TensorFlag.INPUT | TensorFlag.OUTPUT
+    return t
+
+
+def _twin(node: Tensor, resolved, source_for) -> Tensor:
+    """The scheduler's copy of ``node``: same op and layout, sources as the split reads them."""
+    view_src = resolved(node.view_src) if node.view_src is not None else None
+    if view_src is not None and view_src.view_src is not None:   # keep views rooted
+        view_src, offs = view_src.view_src, view_src.view_offs + node.view_offs
+    else:
+        offs = node.view_offs
+    twin = Tensor(node.type, node.ne, node.nb, node.op, view_src=view_src, view_offs=offs,
+                  name=node.name)
+    twin.op_params, twin.flags = node.op_params, node.flags
+    twin.src = [source_for(s) if s is not None else None for s in node.src]
+    if node.op in VIEW_OPS and twin.src and twin.src[0] is not None:
+        twin.src[0] = resolved(node.src[0])   # a view reads its source where it is
+    return twin
+
+
+def _tensor_key(t: Tensor) -> tuple:
+    buf = t.buffer if t.buffer is not None else None
+    return (t.op, t.type, t.ne, t.nb, t.op_params, int(t.flags),
+            id(buf) if buf is not None else None, t.offset if buf is not None else None)
+
+
+def _signature(graph: Graph) -> tuple:
+    """The structure of ``graph``: equal signatures place and split the same way."""
+    index = {id(t): ("n", i) for i, t in enumerate(graph.nodes)}
+    index.update({id(t): ("l", i) for i, t in enumerate(graph.leafs)})
+
+    def ref(t: Tensor | None):
+        if t is None:
+            return None
+        return index.get(id(t)) or ("x",) + _tensor_key(t)
+    return tuple((_tensor_key(n), tuple(ref(s) for s in n.src), ref(n.view_src))
+                 for n in graph.nodes) + tuple(_tensor_key(leaf) for leaf in graph.leafs)
+
+
+def _correspondence(old: Graph, new: Graph) -> dict[int, Tensor]:
+    """id(old tensor) -> the new graph's tensor in the same place."""
+    mapping: dict[int, Tensor] = {}
+    for a, b in zip(old.nodes, new.nodes):
+        mapping[id(a)] = b
+        for sa, sb in zip(a.src, b.src):
+            if sa is not None:
+                mapping[id(sa)] = sb
+        if a.view_src is not None:
+            mapping[id(a.view_src)] = b.view_src
+    for a, b in zip(old.leafs, new.leafs):
+        mapping[id(a)] = b
+    return mapping
