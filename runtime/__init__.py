@@ -15,6 +15,7 @@ from .device import (Backend, Device, DeviceCaps, DeviceProps, DeviceType, Event
 from .errors import PolydevError
 from .graph import DEFAULT_GRAPH_SIZE, Graph, build_graph
 from .ops import GluOp, Op, RopeMode, UnaryOp
+from .sched import Scheduler
 from .registry import (device, devices, init_backend, init_best_backend, register, registry)
 from .tensor import Tensor, TensorFlag
 from .types import GGMLType, TYPE_TRAITS, dequantize, quantize, row_size
@@ -30,5 +31,5 @@ __all__ = [
     "build_graph", "GluOp", "Op", "RopeMode", "UnaryOp", "device", "devices", "init_backend",
     "init_best_backend", "register", "registry", "Tensor", "TensorFlag", "GGMLType",
     "TYPE_TRAITS", "dequantize", "quantize", "row_size", "GraphCopy", "compare_graph_backend",
-    "graph_copy",
+    "graph_copy", "Scheduler",
 ]

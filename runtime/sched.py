@@ -156,7 +156,7 @@ class Scheduler:
 
     def reserve(self, graph: Graph) -> None:
         """Size the compute buffers for ``graph`` (the largest one a program will run)."""
-        self.synchronize()
+        self._sync_backends()
         step = self._plan(graph)
         sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
         self.galloc.reserve(sched_graph, node_ids, leaf_ids)
@@ -168,7 +168,7 @@ class Scheduler:
         step = self._plan(graph)
         sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
         if not self.galloc.alloc_graph(sched_graph):
-            self.synchronize()
+            self._sync_backends()          # the copy slots stay as they are
             self.galloc.reserve(sched_graph, node_ids, leaf_ids)
             if not self.galloc.alloc_graph(sched_graph):
                 raise AllocationError("the scheduler could not allocate the graph")
@@ -194,10 +194,14 @@ class Scheduler:
         return self._compute_splits()
 
     def synchronize(self) -> None:
-        for b in self.backends:
-            b.synchronize()
+        """Wait for every backend; without an allocated graph, pipelining restarts at slot 0."""
+        self._sync_backends()
         if self._allocated_graph is None:
             self._next_copy = 0
+
+    def _sync_backends(self) -> None:
+        for b in self.backends:
+            b.synchronize()
 
     def close(self) -> None:
         if not self.closed:

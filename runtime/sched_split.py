@@ -182,6 +182,8 @@ class SplitPlanner:
                         best_count = count
                         self.ids.set(node, b, "3.best")
                 continue
+            if self.ids.cause(node) == "usr":      # the user's choice is never moved
+                continue
             for b in range(cur):
                 if self.bufts[b] is self.bufts[cur] and self.supports_op(b, node) and \
                         all(self.buffer_supported(s, b) for s in srcs):

@@ -1,0 +1,322 @@
+"""The scheduler: placement and splits of canonical graphs, the caller's graph left alone,
+eval callbacks, reuse, and random graphs over the CPU and two OpenCL devices that must give
+the single-CPU result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import polydev
+from polydev import BufferUsage, Context, GGMLType, alloc_ctx_tensors, build_graph, ops
+from polydev.errors import InvalidArgumentError
+from polydev.sched import Scheduler
+from polydev import sched_split
+
+OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
+needs_opencl = pytest.mark.skipif(not OPENCL, reason="needs an OpenCL device (PoCL)")
+K = 64
+
+
+@pytest.fixture
+def backends():
+    made = [d.init_backend() for d in OPENCL[:2]] + [polydev.init_backend("CPU")]
+    yield made
+    for b in made:
+        b.close()
+
+
+def _weights(backend, values: dict[str, np.ndarray], type_=GGMLType.F32):
+    ctx = Context()
+    tensors = {k: ctx.new_tensor(type_, v.shape[::-1], k) for k, v in values.items()}
+    buf = alloc_ctx_tensors(ctx, backend)
+    buf.usage = BufferUsage.WEIGHTS
+    for k, v in values.items():
+        tensors[k].set_data(v)
+    return buf, tensors
+
+
+def _mlp(w0, w1, n_tokens=3):
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, (K, n_tokens), "x").set_input()
+    h = ops.silu(ctx, ops.mul_mat(ctx, w0, x))
+    y = ops.rms_norm(ctx, ops.mul_mat(ctx, w1, h), 1e-6).set_output()
+    return x, y, build_graph(y)
+
+
+def _mlp_ref(x, w0, w1):
+    h = x @ w0.T
+    h = h / (1 + np.exp(-h))
+    z = h @ w1.T
+    return z / np.sqrt((z * z).mean(-1, keepdims=True) + 1e-6)
+
+
+def test_the_last_backend_must_be_a_cpu():
+    with polydev.init_backend("CPU") as cpu:
+        Scheduler([cpu])
+        if OPENCL and OPENCL[0].type != polydev.DeviceType.CPU:
+            with pytest.raises(InvalidArgumentError, match="last backend"):
+                Scheduler([cpu, OPENCL[0].init_backend()])
+    with pytest.raises(InvalidArgumentError):
+        Scheduler([])
+
+
+@needs_opencl
+def test_weights_decide_placement_and_splits(backends, rng):
+    ocl, cpu = backends[0], backends[-1]
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    buf0, t0 = _weights(ocl, {"w0": w0v})
+    buf1, t1 = _weights(cpu, {"w1": w1v})
+    with buf0, buf1, Scheduler([ocl, cpu]) as sched:
+        x, y, graph = _mlp(t0["w0"], t1["w1"])
+        sources = [list(n.src) for n in graph.nodes]
+        sched.alloc_graph(graph)
+        xv = rng.standard_normal((3, K)).astype(np.float32)
+        x.set_data(xv)
+        assert sched.compute(graph)
+        np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v), rtol=1e-4,
+                                   atol=1e-5)
+        assert sched.n_splits == 2
+        placements = [sched.placement(n) for n in graph.nodes]
+        assert placements == [("OpenCL0", "1.wgt0"), ("OpenCL0", "2.sup"), ("CPU", "1.wgt0"),
+                              ("CPU", "2.sup")]
+        assert sched.placement(x) == ("CPU", "1.inp")
+        assert [list(n.src) for n in graph.nodes] == sources      # the caller's graph is intact
+
+
+@needs_opencl
+def test_a_pinned_tensor_stays_where_the_user_put_it(backends, rng):
+    ocl, cpu = backends[0], backends[-1]
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    buf, t = _weights(cpu, {"w0": w0v, "w1": w1v})
+    with buf, Scheduler([ocl, cpu]) as sched:
+        x, y, graph = _mlp(t["w0"], t["w1"])
+        silu = graph.nodes[1]
+        sched.set_tensor_backend(silu, ocl)
+        sched.alloc_graph(graph)
+        xv = rng.standard_normal((3, K)).astype(np.float32)
+        x.set_data(xv)
+        sched.compute(graph)
+        assert sched.placement(silu) == ("OpenCL0", "usr")
+        assert sched.get_tensor_backend(silu) is ocl
+        np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_eval_callback_batches_and_cancels(rng):
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    with polydev.init_backend("CPU") as cpu, Scheduler([cpu]) as sched:
+        buf, t = _weights(cpu, {"w0": w0v, "w1": w1v})
+        with buf:
+            x, y, graph = _mlp(t["w0"], t["w1"])
+            asked, seen = [], []
+
+            def wants_silu(node, ask):
+                if ask:
+                    asked.append(node.op.name)
+                    return node.op.name == "UNARY"
+                seen.append(node.numpy().copy())
+                return True
+            sched.set_eval_callback(wants_silu)
+            sched.alloc_graph(graph)
+            xv = rng.standard_normal((3, K)).astype(np.float32)
+            x.set_data(xv)
+            assert sched.compute(graph)
+            assert asked == ["MUL_MAT", "UNARY", "MUL_MAT", "RMS_NORM"]
+            h = xv @ w0v.T
+            np.testing.assert_allclose(seen[0][0, 0], h / (1 + np.exp(-h)), rtol=1e-5)
+            y.buffer.clear(0)
+            sched.set_eval_callback(lambda node, ask: True if ask else False)
+            assert sched.compute(graph) is False            # cancelled after the first node
+            assert not y.numpy().any()                      # the rest never ran
+
+
+def test_a_graph_of_the_same_structure_reuses_the_placement(rng, monkeypatch):
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    calls = []
+    real = sched_split.SplitPlanner.pass1
+    monkeypatch.setattr(sched_split.SplitPlanner, "pass1",
+                        lambda self, g: calls.append(1) or real(self, g))
+    with polydev.init_backend("CPU") as cpu, Scheduler([cpu]) as sched:
+        buf, t = _weights(cpu, {"w0": w0v, "w1": w1v})
+        with buf:
+            for _ in range(3):
+                x, y, graph = _mlp(t["w0"], t["w1"])
+                sched.alloc_graph(graph)
+                xv = rng.standard_normal((3, K)).astype(np.float32)
+                x.set_data(xv)
+                sched.compute(graph)
+                np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v),
+                                           rtol=1e-4, atol=1e-5)
+    assert len(calls) == 1
+
+
+# --- random graphs, random weight placement: the single-CPU result ------------------------------
+
+OPS = ["mul_mat", "add", "mul", "silu", "rms_norm", "soft_max", "scale", "gelu"]
+
+
+@needs_opencl
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_graphs_match_one_cpu(backends, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    n_layers = data.draw(st.integers(1, 5))
+    places = data.draw(st.lists(st.integers(0, len(backends) - 1), min_size=n_layers,
+                                max_size=n_layers))
+    op_names = data.draw(st.lists(st.sampled_from(OPS), min_size=n_layers, max_size=n_layers))
+    n_tokens = data.draw(st.sampled_from([1, 3, 8]))
+    weights = [rng.standard_normal((K, K)).astype(np.float32) / 8 for _ in range(n_layers)]
+    xv = rng.standard_normal((n_tokens, K)).astype(np.float32)
+
+    def run(owner_of_layer, scheduler_backends):
+        bufs, ws = [], []
+        for i, w in enumerate(weights):
+            buf, t = _weights(owner_of_layer(i), {f"w{i}": w})
+            bufs.append(buf)
+            ws.append(t[f"w{i}"])
+        ctx = Context()
+        x = ctx.new_tensor(GGMLType.F32, (K, n_tokens), "x").set_input()
+        cur = x
+        for i, name in enumerate(op_names):
+            if name == "mul_mat":
+                cur = ops.mul_mat(ctx, ws[i], cur)
+            elif name in ("add", "mul"):
+                cur = getattr(ops, name)(ctx, cur, ops.mul_mat(ctx, ws[i], cur))
+            elif name in ("rms_norm",):
+                cur = ops.rms_norm(ctx, cur, 1e-6)
+            elif name == "soft_max":
+                cur = ops.soft_max_ext(ctx, cur, None, 0.5)
+            elif name == "scale":
+                cur = ops.scale(ctx, cur, 0.5, 0.1)
+            else:
+                cur = getattr(ops, name)(ctx, cur)
+        out = cur.set_output()
+        graph = build_graph(out)
+        with Scheduler(scheduler_backends) as sched:
+            sched.alloc_graph(graph)
+            x.set_data(xv)
+            sched.compute(graph)
+            result = out.numpy().copy()
+        for b in bufs:
+            b.close()
+        return result
+
+    cpu = backends[-1]
+    expected = run(lambda i: cpu, [cpu])
+    got = run(lambda i: backends[places[i]], backends)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+# --- the other placement rules ------------------------------------------------------------------
+
+def _matmul_graph(w, n_tokens):
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, (K, n_tokens), "x").set_input()
+    out = ops.mul_mat(ctx, w, x).set_output()
+    return x, out, build_graph(out)
+
+
+@needs_opencl
+@pytest.mark.parametrize("n_tokens,expected", [(31, ("CPU", "1.wgt0")),
+                                               (32, ("OpenCL0", "1.off"))])
+def test_op_offload_from_host_weights_at_large_batches(backends, rng, monkeypatch, n_tokens,
+                                                       expected):
+    ocl, cpu = backends[0], backends[-1]
+    # a device that wants big batches, as ggml's CUDA backend does (batch >= 32)
+    monkeypatch.setattr(ocl.device, "offload_op", lambda op: op.ne[1] >= 32, raising=False)
+    wv = rng.standard_normal((K, K)).astype(np.float32)
+    buf, t = _weights(cpu, {"w": wv})
+    with buf, Scheduler([ocl, cpu]) as sched:
+        x, out, graph = _matmul_graph(t["w"], n_tokens)
+        sched.alloc_graph(graph)
+        xv = rng.standard_normal((n_tokens, K)).astype(np.float32)
+        x.set_data(xv)
+        sched.compute(graph)
+        assert sched.placement(out) == expected
+        np.testing.assert_allclose(out.numpy()[0, 0], xv @ wv.T, rtol=1e-4, atol=1e-4)
+    with buf, Scheduler([ocl, cpu], op_offload=False) as sched:
+        x, out, graph = _matmul_graph(t["w"], n_tokens)
+        sched.alloc_graph(graph)
+        assert sched.placement(out) == ("CPU", "1.wgt0")
+
+
+def test_backends_sharing_a_buffer_type_upgrade_to_the_first(rng):
+    with polydev.init_backend("CPU") as first, polydev.init_backend("CPU") as second:
+        wv = rng.standard_normal((K, K)).astype(np.float32)
+        buf, t = _weights(second, {"w": wv})
+        with buf, Scheduler([first, second]) as sched:
+            x, out, graph = _matmul_graph(t["w"], 4)
+            sched.set_tensor_backend(x, second)
+            sched.alloc_graph(graph)
+            assert sched.placement(out) == (first.name, "1.wgt0")   # the first that can run it
+            assert sched.placement(x) == (second.name, "usr")       # the pin is kept
+            assert first.default_buffer_type is second.default_buffer_type
+
+
+@needs_opencl
+def test_a_split_is_cut_when_its_inputs_reach_capacity(backends, rng):
+    ocl, cpu = backends[0], backends[-1]
+    n = sched_split.MAX_SPLIT_INPUTS + 5
+    ctx = Context()
+    leaves = [ctx.new_tensor(GGMLType.F32, (K,), f"in{i}").set_input() for i in range(n)]
+    cur = ops.scale(ctx, leaves[0], 1.0)
+    for leaf in leaves[1:]:
+        cur = ops.add(ctx, cur, leaf)
+    out = cur.set_output()
+    graph = build_graph(out)
+    with Scheduler([ocl, cpu]) as sched:
+        for node in graph.nodes:
+            sched.set_tensor_backend(node, ocl)
+        sched.alloc_graph(graph)
+        values = rng.standard_normal((n, K)).astype(np.float32)
+        for leaf, v in zip(leaves, values):
+            leaf.set_data(v)
+        sched.compute(graph)
+        assert sched.n_splits == 2                       # 30 copies, then a new split
+        np.testing.assert_allclose(out.numpy().ravel(), values.sum(0), rtol=1e-5, atol=1e-5)
+
+
+@needs_opencl
+def test_pipelined_copies_rotate_and_stay_correct(backends, rng):
+    ocl, cpu = backends[0], backends[-1]
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    buf0, t0 = _weights(ocl, {"w0": w0v})
+    buf1, t1 = _weights(cpu, {"w1": w1v})
+    with buf0, buf1, Scheduler([ocl, cpu], parallel=True) as sched:
+        assert sched.n_copies == 4
+        slots = []
+        for _ in range(6):
+            x, y, graph = _mlp(t0["w0"], t1["w1"])
+            sched.alloc_graph(graph)
+            slots.append(sched.cur_copy)
+            xv = rng.standard_normal((3, K)).astype(np.float32)
+            x.set_data(xv)
+            sched.compute(graph)
+            np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v), rtol=1e-4,
+                                       atol=1e-5)
+        assert slots == [0, 1, 2, 3, 0, 1]
+
+
+@needs_opencl
+def test_trace_records_copies_and_computes(backends, rng, tmp_path):
+    ocl, cpu = backends[0], backends[-1]
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    buf0, t0 = _weights(ocl, {"w0": w0v})
+    buf1, t1 = _weights(cpu, {"w1": w1v})
+    with buf0, buf1, Scheduler([ocl, cpu]) as sched:
+        x, y, graph = _mlp(t0["w0"], t1["w1"])
+        sched.alloc_graph(graph)
+        x.set_data(rng.standard_normal((3, K)).astype(np.float32))
+        with sched.trace() as events:
+            sched.compute(graph)
+        kinds = [(e["kind"], e["backend"]) for e in events]
+        assert kinds == [("copy", "OpenCL0"), ("compute", "OpenCL0"), ("copy", "CPU"),
+                         ("compute", "CPU")]
+        path = tmp_path / "trace.json"
+        sched.write_trace(str(path))
+        import json
+        doc = json.loads(path.read_text())
+        assert len(doc["traceEvents"]) == 4 and doc["traceEvents"][0]["ph"] == "X"
