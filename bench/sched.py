@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((n_tokens, n_splits, f"{first:.1f}", f"{reuse:.2f}", f"{step:.1f}",
                      f"{share:.1%}"))
         figures += [
-            {"name": f"batch {n_tokens}: first scheduling (split + alloc)", "value": round(first, 2),
-             "unit": "ms", "target": None, "better": "lower"},
+            {"name": f"batch {n_tokens}: first scheduling (split + alloc)",
+             "value": round(first, 2), "unit": "ms", "target": None, "better": "lower"},
             {"name": f"batch {n_tokens}: reuse-path scheduling", "value": round(reuse, 3),
              "unit": "ms", "target": None, "better": "lower"},
             {"name": f"batch {n_tokens}: reuse-path share of the step", "value": round(share, 4),

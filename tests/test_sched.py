@@ -159,7 +159,8 @@ OPS = ["mul_mat", "add", "mul", "silu", "rms_norm", "soft_max", "scale", "gelu"]
 
 
 @needs_opencl
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_graphs_match_one_cpu(backends, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
