@@ -298,11 +298,11 @@ class Scheduler:
         graphs, originals = [], []
         for split in splits:
             g = Graph(max(split.i_end - split.i_start, 1))
+            def source_for(src: Tensor, b: int = split.backend_id) -> Tensor:
+                return self._source_for(src, b, copies, ids, resolved)
             for node in graph.nodes[split.i_start:split.i_end]:
-                twin = _twin(node, resolved, lambda s, b=split.backend_id: self._source_for(
-                    s, b, copies, ids, resolved))
+                twin = _twin(node, resolved, source_for)
                 resolve[id(node)] = twin
-                ids.set(twin, ids.get(node), ids.cause(node))
                 g.add_node(twin)
             graphs.append(g)
             originals.append(graph.nodes[split.i_start:split.i_end])
@@ -322,7 +322,7 @@ class Scheduler:
         g = Graph(max(graph.n_nodes + 2 * n_inputs * self.n_copies, graph.n_leafs, 1))
         node_ids, leaf_ids = [], []
         ctx = Context("sched")
-        for split, twins in zip(step.splits, step.graphs):
+        for split, twins, originals in zip(step.splits, step.graphs, step.originals):
             for src in split.inputs:
                 source = step.resolve.get(id(src), src)
                 keep_alive = ctx.new_view(source, source.ne, source.nb, 0)
@@ -332,9 +332,9 @@ class Scheduler:
                 node_ids.append(step.ids.get(src))
                 g.add_node(step.copies[(id(src), split.backend_id)][self.cur_copy])
                 node_ids.append(split.backend_id)
-            for twin in twins.nodes:
+            for twin, node in zip(twins.nodes, originals):
                 g.add_node(twin)
-                node_ids.append(step.ids.get(twin))
+                node_ids.append(step.ids.get(node))
         if self.n_copies > 1:                       # every slot of every copy stays in memory
             for (src_id, b), slots in step.copies.items():
                 for c, slot in enumerate(slots):
