@@ -95,12 +95,14 @@ class Scheduler:
         self._user = Assignment()
         self._step: _Step | None = None
         self._signature: tuple | None = None
+        self._last_graph: Graph | None = None      # the graph the signature belongs to
         self._allocated_graph: Graph | None = None
         self._plans: list = []
         self.cur_copy = 0
         self._next_copy = 0
         self._callback: EvalCallback | None = None
         self._trace: list[dict] | None = None
+        self._trace_done: list[dict] = []
         self.closed = False
 
     # --- public API -----------------------------------------------------------------------------
@@ -151,6 +153,7 @@ class Scheduler:
         self._user = Assignment()
         self._step = None
         self._signature = None
+        self._last_graph = None
         self._allocated_graph = None
         self._plans = []
 
@@ -232,7 +235,7 @@ class Scheduler:
 
     def write_trace(self, path: str, events: list[dict] | None = None) -> None:
         """Chrome trace JSON (chrome://tracing, ui.perfetto.dev): one row per backend."""
-        events = events if events is not None else getattr(self, "_trace_done", [])
+        events = events if events is not None else self._trace_done
         rows = [{"name": e["name"], "cat": e["kind"], "ph": "X", "pid": 0,
                  "tid": e["backend"], "ts": e["start_us"], "dur": e["end_us"] - e["start_us"],
                  "args": {"bytes": e["bytes"]}} for e in events]
