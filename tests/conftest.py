@@ -40,7 +40,15 @@ def assert_close(out: np.ndarray, ref: np.ndarray, max_nmse: float = 1e-7) -> No
     assert err <= max_nmse, f"NMSE {err:.3e} > {max_nmse:.0e}"
 
 
-@pytest.fixture(params=[d.name for d in polydev.devices()])
+def _device_param(device) -> object:
+    """A device as a fixture parameter, marked with its vendor's marker (``-m cuda`` runs the
+    per-device suite on the GPUs alone)."""
+    reg = device.reg.name.lower() if device.reg is not None else ""
+    marks = [getattr(pytest.mark, reg)] if reg in ("cuda", "opencl") else []
+    return pytest.param(device.name, marks=marks, id=device.name)
+
+
+@pytest.fixture(params=[_device_param(d) for d in polydev.devices()])
 def backend(request):
     """A backend on every registered device (each backend runs the same tests)."""
     with polydev.init_backend(request.param) as b:

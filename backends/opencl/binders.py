@@ -6,7 +6,6 @@ and returns the call that enqueues it on the backend's queue.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -15,6 +14,7 @@ from polydev.ops import GluOp, Op, RopeMode, UnaryOp
 from polydev.tensor import Tensor
 
 from polydev.backends.array.rope import yarn_corr_dims
+from polydev.backends.array.softmax import alibi_params
 
 from .types import (ENCODABLE, FN_CODES, FN_DEFINES, I32, I64, MAT_VEC_MAX_COLUMNS,
                     PLAIN_NAMES, QUANT_NAMES)
@@ -193,10 +193,8 @@ def bind_norm(backend, node: Tensor) -> Callable[[], None]:
 
 def alibi_args(n_head: int, max_bias: float) -> list:
     """ALiBi's m0, m1 and n_head_log2, as ggml derives the per-head slopes from them."""
-    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
-    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
-    m1 = np.float32(2.0) ** np.float32(-(max_bias / 2.0) / n_head_log2)
-    return [np.float32(m0), np.float32(m1), np.int32(n_head_log2)]
+    m0, m1, n_head_log2 = alibi_params(n_head, max_bias)
+    return [m0, m1, np.int32(n_head_log2)]
 
 
 def bind_soft_max(backend, node: Tensor) -> Callable[[], None]:

@@ -1,0 +1,212 @@
+"""The CUDA backend: one non-blocking CuPy stream, its graph plans, async copies and events.
+
+All of a backend's work is queued on its stream: kernels of cu/*.cu, CuPy's array kernels
+(run inside the stream's context) and transfers. A copy between two GPUs follows ggml's
+protocol: it runs peer to peer on the source's stream, after the source's work, and the
+destination's stream waits for an event recorded after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from polydev.buffer import tensor_get, tensor_set
+from polydev.device import Backend, Event, GraphPlan
+from polydev.errors import OutOfBoundsError, UnsupportedOpError
+from polydev.graph import Graph
+from polydev.ops import VIEW_OPS, Op, op_desc
+from polydev.tensor import Tensor
+
+from .buffer import CUDABuffer
+from .device import CUDADevice
+from .env import CupyEnv
+from .kernels import find_kernel
+
+
+class CUDAEvent(Event):
+    """A ``cupy.cuda.Event(disable_timing=True)`` of one GPU; any stream may wait on it."""
+
+    def __init__(self, device: CUDADevice) -> None:
+        super().__init__(device)
+        with device.cupy.cuda.Device(device.index):
+            self.cuda_event = device.cupy.cuda.Event(disable_timing=True)
+
+    def _synchronize(self) -> None:
+        self.cuda_event.synchronize()
+
+    def _free(self) -> None:
+        self.cuda_event = None
+
+
+class CUDAGraphPlan(GraphPlan):
+    def __init__(self, graph: Graph, calls: list[Callable[[], None]]) -> None:
+        super().__init__(graph)
+        self.calls = calls
+
+
+class CUDABackend(Backend):
+    """A stream on one GPU; also the ``Launcher`` its own kernels are bound through."""
+
+    def __init__(self, device: CUDADevice) -> None:
+        super().__init__(device)
+        cupy = device.cupy
+        self.cupy = cupy
+        with cupy.cuda.Device(device.index):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.copy_event = cupy.cuda.Event(disable_timing=True)
+            # set by GET_ROWS and MUL_MAT_ID kernels that meet an index out of range
+            self._bad_index = cupy.zeros(1, dtype=np.int32)
+        self.bad_index = np.uint64(self._bad_index.data.ptr)
+        self.index_check_pending = False
+        self.env = CupyEnv(self, cupy)
+        self._in_flight: list[Any] = []      # host arrays of async transfers, until synchronize
+
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """This GPU current and this stream current: CuPy queues its work here."""
+        with self.cupy.cuda.Device(self.device.index), self.stream:
+            yield
+
+    # --- Launcher (binders.py) ------------------------------------------------------------------
+
+    def address(self, t: Tensor) -> int:
+        return t.buffer.ptr + t.offset
+
+    def kernel(self, name: str) -> Callable[[Sequence[int], Sequence[int], list], None]:
+        """A call launching kernel ``name`` on this stream now (grid, block, args)."""
+        fn, stream = self.device.kernels.function(name), self.stream
+        return lambda grid, block, args: fn(tuple(grid), tuple(block), args, stream=stream)
+
+    def launch(self, name: str, grid: Sequence[int], block: Sequence[int], args: list,
+               checks_indices: bool = False) -> Callable[[], None]:
+        if min(grid) == 0:
+            return lambda: None
+        fn, stream = self.device.kernels.function(name), self.stream
+        grid, block = tuple(int(g) for g in grid), tuple(int(b) for b in block)
+
+        def call() -> None:
+            fn(grid, block, args, stream=stream)
+            if checks_indices:          # the flag is read when the backend synchronizes
+                self.index_check_pending = True
+        return call
+
+    # --- data movement --------------------------------------------------------------------------
+
+    def _device_buffer(self, t: Tensor) -> CUDABuffer | None:
+        buf = t.buffer
+        return buf if isinstance(buf, CUDABuffer) and buf.device is self.device else None
+
+    def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
+        buf = self._device_buffer(t)
+        if buf is None:                     # memory of another kind: the blocking path
+            self.synchronize()
+            tensor_set(t, data, offset)
+            return
+        raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else \
+            np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        with self.cupy.cuda.Device(self.device.index):
+            (buf.memptr + t.offset + offset).copy_from_host_async(raw.ctypes.data, raw.nbytes,
+                                                                  self.stream)
+        self._in_flight.append(raw)
+        buf.mark_modified()
+
+    def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+        buf = self._device_buffer(t)
+        if buf is None:
+            self.synchronize()
+            tensor_get(t, offset, out.nbytes, out)
+            return
+        with self.cupy.cuda.Device(self.device.index):
+            (buf.memptr + t.offset + offset).copy_to_host_async(out.ctypes.data, out.nbytes,
+                                                                self.stream)
+        self._in_flight.append(out)
+
+    def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
+        """GPU to GPU (ggml's protocol): the copy runs on the source's stream after its work;
+        this stream waits for the source's copy event."""
+        if not isinstance(backend_src, CUDABackend):
+            return False
+        sbuf, dbuf = backend_src._device_buffer(src), self._device_buffer(dst)
+        if sbuf is None or dbuf is None:
+            return False
+        runtime = self.cupy.cuda.runtime
+        s_ptr, d_ptr = sbuf.ptr + src.offset, dbuf.ptr + dst.offset
+        with self.cupy.cuda.Device(backend_src.device.index):
+            if sbuf.device is dbuf.device:
+                runtime.memcpyAsync(d_ptr, s_ptr, dst.nbytes, runtime.memcpyDeviceToDevice,
+                                    backend_src.stream.ptr)
+            else:
+                self.device.enable_peer_access(backend_src.device)
+                runtime.memcpyPeerAsync(d_ptr, dbuf.device.index, s_ptr, sbuf.device.index,
+                                        dst.nbytes, backend_src.stream.ptr)
+            if backend_src is not self:
+                backend_src.copy_event.record(backend_src.stream)
+        if backend_src is not self:
+            self.stream.wait_event(backend_src.copy_event)
+        dbuf.mark_modified()
+        return True
+
+    def _synchronize(self) -> None:
+        self.stream.synchronize()
+        self._in_flight.clear()
+        if self.index_check_pending:
+            self._raise_on_bad_index()
+
+    def _raise_on_bad_index(self) -> None:
+        """Kernels cannot raise: a bad row or expert index sets a flag, read here."""
+        self.index_check_pending = False
+        with self.on_stream():
+            flag = int(self._bad_index.get()[0])
+            if flag:
+                self._bad_index.fill(0)
+                self.stream.synchronize()
+        if flag:
+            raise OutOfBoundsError(
+                f"{self.name}: a GET_ROWS or MUL_MAT_ID index was outside its tensor; the "
+                f"rows it named hold NaN")
+
+    # --- compute --------------------------------------------------------------------------------
+
+    def bind(self, node: Tensor) -> Callable[[], None]:
+        """The call that queues ``node``'s kernel on this stream (bound once)."""
+        kernel = find_kernel(node)
+        if kernel is None:
+            types = ", ".join(f"{s.type}" for s in node.src if s is not None)
+            raise UnsupportedOpError(f"{self.name} has no kernel for {op_desc(node)} of "
+                                     f"{node.name!r} (result {node.type}, sources {types})")
+        return kernel.bind(self, node)
+
+    def _graph_plan_create(self, graph: Graph) -> CUDAGraphPlan:
+        with self.on_stream():        # binding may upload small tables (on this stream)
+            calls = [self.bind(n) for n in graph.nodes
+                     if n.op not in VIEW_OPS and n.op != Op.NONE]
+        return CUDAGraphPlan(graph, calls)
+
+    def _graph_plan_compute(self, plan: CUDAGraphPlan) -> None:
+        with self.on_stream():
+            for call in plan.calls:
+                call()
+
+    def _graph_compute(self, graph: Graph) -> None:
+        self._graph_plan_compute(self._graph_plan_create(graph))
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def _event_record(self, event: Event) -> None:
+        with self.cupy.cuda.Device(self.device.index):
+            event.cuda_event.record(self.stream)
+
+    def _event_wait(self, event: Event) -> None:
+        cuda_event = getattr(event, "cuda_event", None)
+        if cuda_event is None:              # an event of another vendor: the host waits
+            event.synchronize()
+            return
+        self.stream.wait_event(cuda_event)
+
+    def _free(self) -> None:
+        self.stream.synchronize()
+        self._in_flight.clear()
+        self._bad_index = None

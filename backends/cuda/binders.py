@@ -1,0 +1,209 @@
+"""Binding graph nodes to the CUDA backend's own kernels (``cu/*.cu``): launch geometry and
+argument packing, one binder per kernel family, and the type rules that say when each applies.
+
+A binder talks to a ``Launcher`` only: the CUDA backend launches on its stream with device
+addresses, and the tests launch the same kernels compiled for the CPU (an emulation of the
+CUDA execution model) with host addresses, so everything here runs under test without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from polydev.ops import Op, RopeMode
+from polydev.tensor import Tensor
+from polydev.types import GGMLType
+
+from polydev.backends.array.rope import yarn_corr_dims
+from polydev.backends.array.softmax import alibi_params
+
+F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
+
+# the row types of quant.cu's ROW_KERNELS, by their kernel-name suffix
+ROW_TYPE_NAMES = {
+    F32: "f32", F16: "f16", BF16: "bf16",
+    GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_0",
+    GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0",
+    GGMLType.Q4_K: "q4_K", GGMLType.Q5_K: "q5_K", GGMLType.Q6_K: "q6_K",
+}
+MAT_VEC_MAX_COLS = 8        # quant.cu's MMV_MAX_COLS
+MAT_VEC_ROWS_PER_BLOCK = 4  # warps per block of the mat-vec kernels (one row each)
+MUL_MAT_ID_VEC_MAX_TOKENS = 16   # above this, MUL_MAT_ID groups tokens by expert (cuBLAS)
+NORM_KINDS = {Op.NORM: 0, Op.RMS_NORM: 1, Op.L2_NORM: 2}
+
+
+class Launcher(Protocol):
+    """Where bound kernels run: the CUDA backend, or the CPU emulation in the tests."""
+
+    bad_index: Any      # the int* kernels set when they meet an index out of range
+
+    def address(self, t: Tensor) -> int:
+        """The address of ``t``'s first byte, as the kernels see it."""
+
+    def launch(self, name: str, grid: Sequence[int], block: Sequence[int], args: list,
+               checks_indices: bool = False) -> Callable[[], None]:
+        """The call that launches kernel ``name`` with ``args`` (bound once)."""
+
+
+def tensor_args(launcher: Launcher, t: Tensor | None) -> list:
+    """The nine arguments TENSOR(t) of common.cuh: address, ne[4], nb[4]. An absent optional
+    source is a null address the kernel never reads."""
+    if t is None:
+        return [np.uint64(0)] + [np.int32(1)] * 4 + [np.int64(0)] * 4
+    return [np.uint64(launcher.address(t))] + [np.int32(n) for n in t.ne] \
+        + [np.int64(n) for n in t.nb]
+
+
+def _warps(n: int, most: int) -> int:
+    """Threads for n work items: whole warps, at most ``most``."""
+    return max(32, min(most, 32 * math.ceil(n / 32)))
+
+
+def _optional_src(node: Tensor, i: int) -> Tensor | None:
+    return node.src[i] if len(node.src) > i else None
+
+
+# --- type rules ----------------------------------------------------------------------------------
+
+def _unit_rows(t: Tensor) -> bool:
+    """Rows of contiguous elements (block formats: whole blocks)."""
+    return t.is_contiguous_rows()
+
+
+def mul_mat_vec_ok(node: Tensor) -> bool:
+    """A few f32 columns times one matrix of a decodable non-f32 type (cuBLAS does f32)."""
+    a, b = node.src[0], node.src[1]
+    return a.type in ROW_TYPE_NAMES and a.type != F32 and _unit_rows(a) \
+        and a.ne[2] == a.ne[3] == 1 and b.type == F32 and b.nb[0] == 4 \
+        and b.ne[1] <= MAT_VEC_MAX_COLS and b.ne[2] == b.ne[3] == 1 \
+        and node.type == F32 and node.nb[0] == 4
+
+
+def mul_mat_id_vec_ok(node: Tensor) -> bool:
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    return a.type in ROW_TYPE_NAMES and _unit_rows(a) and b.type == F32 and b.nb[0] == 4 \
+        and ids.type == I32 and node.type == F32 and b.ne[2] <= MUL_MAT_ID_VEC_MAX_TOKENS
+
+
+def get_rows_ok(node: Tensor) -> bool:
+    a, idx = node.src[0], node.src[1]
+    return a.type in ROW_TYPE_NAMES and _unit_rows(a) and idx.type == I32 and node.type == F32
+
+
+def norm_ok(node: Tensor) -> bool:
+    return node.type == F32 and node.src[0].type == F32
+
+
+def soft_max_ok(node: Tensor) -> bool:
+    mask, sinks = _optional_src(node, 1), _optional_src(node, 2)
+    return norm_ok(node) and (mask is None or mask.type in (F32, F16)) \
+        and (sinks is None or sinks.type == F32)
+
+
+def rope_ok(node: Tensor) -> bool:
+    ff = _optional_src(node, 2)
+    mode, n_offs = node.op_params[2], node.op_params[15]
+    return mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0 \
+        and node.type in (F32, F16) and node.src[0].type == node.type \
+        and node.src[1].type == I32 and (ff is None or ff.type == F32)
+
+
+# --- binders -------------------------------------------------------------------------------------
+
+def bind_mul_mat_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    a, b = node.src[0], node.src[1]
+    k, m, n = a.ne[0], a.ne[1], b.ne[1]
+    args = [np.uint64(launcher.address(a)), np.int64(a.nb[1]),
+            np.uint64(launcher.address(b)), np.int64(b.nb[1]),
+            np.uint64(launcher.address(node)), np.int64(node.nb[1]),
+            np.int32(k), np.int32(m), np.int32(n)]
+    grid = (math.ceil(m / MAT_VEC_ROWS_PER_BLOCK),)
+    return launcher.launch(f"mul_mat_vec_{ROW_TYPE_NAMES[a.type]}", grid,
+                           (32, MAT_VEC_ROWS_PER_BLOCK), args)
+
+
+def bind_mul_mat_id_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    args = tensor_args(launcher, a) + tensor_args(launcher, b) + tensor_args(launcher, ids) \
+        + tensor_args(launcher, node) + [launcher.bad_index]
+    grid = (math.ceil(a.ne[1] / MAT_VEC_ROWS_PER_BLOCK), node.ne[1] * node.ne[2])
+    return launcher.launch(f"mul_mat_id_vec_{ROW_TYPE_NAMES[a.type]}", grid,
+                           (32, MAT_VEC_ROWS_PER_BLOCK), args, checks_indices=True)
+
+
+def bind_get_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    a, idx = node.src[0], node.src[1]
+    args = tensor_args(launcher, a) + tensor_args(launcher, idx) + tensor_args(launcher, node) \
+        + [launcher.bad_index]
+    block = (_warps(math.ceil(a.ne[0] / 32), 128),)
+    grid = (idx.ne[0], idx.ne[1] * idx.ne[2])
+    return launcher.launch(f"get_rows_{ROW_TYPE_NAMES[a.type]}", grid, block, args,
+                           checks_indices=True)
+
+
+def _row_geometry(t: Tensor) -> tuple[tuple[int, int, int], tuple[int]]:
+    """One block per row; a thread per 4 values of it, in whole warps up to 1024."""
+    return (t.ne[1], t.ne[2], t.ne[3]), (_warps(math.ceil(t.ne[0] / 4), 1024),)
+
+
+def bind_norm(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    src = node.src[0]
+    args = tensor_args(launcher, src) + tensor_args(launcher, node) \
+        + [np.float32(node.op_params[0]), np.int32(NORM_KINDS[node.op])]
+    return launcher.launch("norm_f32", *_row_geometry(src), args)
+
+
+def bind_soft_max(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    src, mask, sinks = node.src[0], _optional_src(node, 1), _optional_src(node, 2)
+    scale, max_bias = node.op_params
+    m0, m1, n_head_log2 = alibi_params(src.ne[2], max_bias)
+    mask_type = 0 if mask is None else 1 if mask.type == F32 else 2
+    args = tensor_args(launcher, src) + tensor_args(launcher, mask) \
+        + tensor_args(launcher, sinks) + tensor_args(launcher, node) \
+        + [np.float32(scale), np.float32(max_bias), m0, m1, np.int32(n_head_log2),
+           np.int32(mask_type), np.int32(sinks is not None)]
+    return launcher.launch("soft_max_f32", *_row_geometry(src), args)
+
+
+def rope_scalars(node: Tensor) -> list:
+    """theta_scale, freq_scale, ext_factor, mscale, corr_low and corr_span, computed as the
+    array kernels compute them (so the angles round alike)."""
+    (_, n_dims, _, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
+     beta_slow) = node.op_params[:11]
+    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
+    mscale = np.float32(attn_factor)
+    low, span = 0.0, 1.0
+    if ext_factor != 0.0:
+        low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+        span = 0.001 if 0.001 > high - low else high - low     # C's MAX, NaN included
+        mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
+    return [np.float32(theta_scale), np.float32(freq_scale), np.float32(ext_factor),
+            np.float32(mscale), np.float32(low), np.float32(span)]
+
+
+def bind_rope(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    src, pos, ff = node.src[0], node.src[1], _optional_src(node, 2)
+    n_dims, mode = node.op_params[1], node.op_params[2]
+    args = tensor_args(launcher, src) + tensor_args(launcher, pos) + tensor_args(launcher, ff) \
+        + tensor_args(launcher, node) \
+        + [np.int32(n_dims), np.int32(mode == RopeMode.NEOX), np.int32(node.type == F16)] \
+        + rope_scalars(node) + [np.int32(ff is not None)]
+    block = (_warps(max(n_dims // 2, src.ne[0] - n_dims), 256),)
+    return launcher.launch("rope", (src.ne[1], src.ne[2], src.ne[3]), block, args)
+
+
+def dequantize_args(address: int, row_strides: Sequence[int], ne: Sequence[int],
+                    out_address: int) -> tuple[tuple[int], tuple[int], list]:
+    """Grid, block and arguments of dequantize_{f32,f16}_<type>: rows (ne1, ne2, ne3) of K
+    values at ``address`` with byte strides ``row_strides`` (nb1, nb2, nb3) into contiguous
+    values at ``out_address``."""
+    k, ne1, ne2, ne3 = ne
+    n_chunks = math.ceil(k / 32) * ne1 * ne2 * ne3
+    block = 256
+    grid = (max(1, min(math.ceil(n_chunks / block), 1 << 20)),)   # the kernel grid-strides
+    args = [np.uint64(address)] + [np.int64(s) for s in row_strides] \
+        + [np.int32(ne1), np.int32(ne2), np.uint64(out_address), np.int32(k), np.int64(n_chunks)]
+    return grid, (block,), args

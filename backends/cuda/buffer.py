@@ -1,0 +1,149 @@
+"""CUDA memory: device buffers from CuPy's pool, and pinned host buffers ("CUDA_Host").
+
+A tensor lives at ``MemoryPointer + offset``. Blocking transfers first wait for the whole
+device (every stream of every backend on it), so they see all work queued before them; the
+backends' async transfers are in backend.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from polydev.buffer import Buffer, BufferType
+from polydev.errors import AllocationError
+from polydev.tensor import Tensor
+
+if TYPE_CHECKING:
+    from .device import CUDADevice
+
+ALIGNMENT = 128      # ggml-cuda's; CuPy's pool hands out 512-byte aligned blocks
+
+
+class CUDABuffer(Buffer):
+    """Device memory of one GPU: one allocation of CuPy's memory pool."""
+
+    def __init__(self, buft: BufferType, size: int, memptr: Any, device: "CUDADevice") -> None:
+        super().__init__(buft, size)
+        self.memptr = memptr
+        self.ptr = int(memptr.ptr)
+        self.device = device
+
+    def _set(self, t: Tensor, data: np.ndarray, offset: int) -> None:
+        with self.device.idle():
+            (self.memptr + t.offset + offset).copy_from_host(data.ctypes.data, data.nbytes)
+
+    def _get(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+        with self.device.idle():
+            (self.memptr + t.offset + offset).copy_to_host(out.ctypes.data, out.nbytes)
+
+    def _memset(self, t: Tensor, value: int, offset: int, size: int) -> None:
+        self._fill(value, t.offset + offset, size)
+
+    def _clear(self, value: int) -> None:
+        self._fill(value, 0, self.size)
+
+    def _fill(self, value: int, offset: int, size: int) -> None:
+        runtime = self.device.cupy.cuda.runtime
+        with self.device.idle() as stream:
+            runtime.memsetAsync(self.ptr + offset, value, size, stream.ptr)
+
+    def _cpy(self, src: Tensor, dst: Tensor) -> bool:
+        """Device to device: within the GPU, or peer to peer between two GPUs."""
+        sbuf = src.buffer
+        if not isinstance(sbuf, CUDABuffer):
+            return False
+        runtime = self.device.cupy.cuda.runtime
+        with sbuf.device.idle(), self.device.idle() as stream:
+            if sbuf.device is self.device:
+                runtime.memcpyAsync(self.ptr + dst.offset, sbuf.ptr + src.offset, src.nbytes,
+                                    runtime.memcpyDeviceToDevice, stream.ptr)
+            else:
+                runtime.memcpyPeerAsync(self.ptr + dst.offset, self.device.index,
+                                        sbuf.ptr + src.offset, sbuf.device.index, src.nbytes,
+                                        stream.ptr)
+        return True
+
+    def _free(self) -> None:
+        with self.device.idle():
+            pass
+        self.memptr = None         # back to CuPy's pool (its free bytes count as free memory)
+
+
+class CUDAHostBuffer(Buffer):
+    """Pinned host memory: the host reads and writes it as a numpy array; copies between it
+    and a GPU run at full speed and truly asynchronously. On an integrated GPU the device
+    reads it in place (``memptr``)."""
+
+    def __init__(self, buft: BufferType, size: int, pinned: Any, device: "CUDADevice") -> None:
+        super().__init__(buft, size)
+        self._pinned = pinned
+        self._array = np.ndarray((size,), dtype=np.uint8, buffer=pinned)
+        self.device = device
+        self.memptr = device.mapped_host_pointer(pinned, size) if device.integrated else None
+        self.ptr = int(pinned.ptr)
+
+    def _set(self, t: Tensor, data: np.ndarray, offset: int) -> None:
+        self.device.reg_idle()
+        start = t.offset + offset
+        self._array[start:start + data.size] = data
+
+    def _get(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+        self.device.reg_idle()
+        start = t.offset + offset
+        out[...] = self._array[start:start + out.size]
+
+    def _memset(self, t: Tensor, value: int, offset: int, size: int) -> None:
+        self.device.reg_idle()
+        start = t.offset + offset
+        self._array[start:start + size] = value
+
+    def _clear(self, value: int) -> None:
+        self.device.reg_idle()
+        self._array.fill(value)
+
+    def _host_array(self) -> np.ndarray:
+        return self._array
+
+    def _free(self) -> None:
+        self.device.reg_idle()
+        self._array = None
+        self.memptr = None
+        self._pinned = None       # back to CuPy's pinned pool
+
+
+class CUDABufferType(BufferType):
+    """Device memory of one GPU ("CUDA0")."""
+
+    def __init__(self, device: "CUDADevice") -> None:
+        super().__init__(device.name, device, alignment=ALIGNMENT)
+
+    def _alloc(self, size: int) -> Buffer:
+        dev: CUDADevice = self.device
+        cupy = dev.cupy
+        try:
+            with cupy.cuda.Device(dev.index):
+                memptr = cupy.cuda.alloc(size)
+        except cupy.cuda.memory.OutOfMemoryError as e:
+            raise AllocationError(f"{self.name}: cannot allocate {size / 2**20:.2f} MiB: {e}") \
+                from None
+        return CUDABuffer(self, size, memptr, dev)
+
+
+class CUDAHostBufferType(BufferType):
+    """Pinned host memory usable by every GPU ("CUDA_Host"): is_host."""
+
+    def __init__(self, device: "CUDADevice") -> None:
+        super().__init__("CUDA_Host", device, alignment=ALIGNMENT, is_host=True)
+
+    def _alloc(self, size: int) -> Buffer:
+        dev: CUDADevice = self.device
+        cupy = dev.cupy
+        try:
+            with cupy.cuda.Device(dev.index):
+                pinned = cupy.cuda.alloc_pinned_memory(size)
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            raise AllocationError(f"{self.name}: cannot allocate {size / 2**20:.2f} MiB of "
+                                  f"pinned memory: {e}") from None
+        return CUDAHostBuffer(self, size, pinned, dev)

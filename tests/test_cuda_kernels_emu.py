@@ -1,0 +1,183 @@
+"""The CUDA backend's own kernels (cu/*.cu), compiled for the CPU against an emulation of the
+CUDA execution model (tests/cuda_emu), checked against the CPU backend.
+
+This runs everywhere a C++20 compiler exists, GPU or not: the kernels' arithmetic, indexing,
+warp and block reductions, and the binders' launch geometry and argument packing are the
+ones a GPU runs. CuPy, streams and the hardware itself are the ``cuda``-marked tests' part.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polydev
+from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, ops
+from polydev.backends.cpu import CPUBackend, CPUDevice
+from polydev.backends.cuda.binders import ROW_TYPE_NAMES, dequantize_args
+from polydev.backends.cuda.kernels import find_own_kernel
+from polydev.backends.cuda.programs import kernel_source
+from polydev.errors import OutOfBoundsError, UnsupportedOpError
+from polydev.ops import VIEW_OPS, Op, op_desc
+from polydev.tools.compare.catalogue import eval_cases
+from polydev.tools.compare.runner import Status, run_test
+from polydev.types import TYPE_TRAITS, dequantize, random_blocks
+
+from cuda_emu import EmuLauncher, build, compiler
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler for the emulation")
+
+OWN_OPS = {"MUL_MAT", "MUL_MAT_ID", "GET_ROWS", "NORM", "RMS_NORM", "L2_NORM", "SOFT_MAX",
+           "ROPE"}
+
+
+class EmuBackend(CPUBackend):
+    """CPU memory, the CUDA backend's own kernels run by the emulation."""
+
+    def __init__(self, device) -> None:
+        super().__init__(device)
+        self.launcher = EmuLauncher(device.lib)
+
+    def bind(self, node):
+        kernel = find_own_kernel(node)
+        if kernel is None:
+            raise UnsupportedOpError(f"no CUDA kernel of its own for {op_desc(node)}")
+        call = kernel.bind(self.launcher, node)
+
+        def run() -> None:
+            call()
+            if self.launcher.flag[0]:
+                self.launcher.flag[0] = 0
+                raise OutOfBoundsError(f"{op_desc(node)}: index out of range")
+        return run
+
+
+class EmuDevice(CPUDevice):
+    def __init__(self, lib) -> None:
+        super().__init__()
+        self.name = "CUDAEmu"
+        self.lib = lib
+
+    def supports_op(self, op) -> bool:
+        return op.op == Op.NONE or op.op in VIEW_OPS or find_own_kernel(op) is not None
+
+    def _init_backend(self, params):
+        return EmuBackend(self)
+
+
+@pytest.fixture(scope="module")
+def emu():
+    device = EmuDevice(build(kernel_source()))
+    with device.init_backend() as b:
+        yield b
+
+
+# The emulation runs a block's threads as OS threads, so the two sweeps with the most blocks
+# are sampled (every SAMPLE-th case, each type still present); the others run whole.
+SAMPLED_OPS, SAMPLE = {"MUL_MAT_ID", "SOFT_MAX"}, 4
+
+
+def _cases():
+    cases = [c for c in eval_cases() if c.op in OWN_OPS]
+    seen: dict[str, int] = {}
+    chosen = []
+    for c in cases:
+        i = seen[c.op] = seen.get(c.op, -1) + 1
+        if c.op not in SAMPLED_OPS or i % SAMPLE == 0:
+            chosen.append(c)
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def catalogue_results(emu):
+    cpu = polydev.init_backend("CPU")
+    rng = np.random.default_rng(7)
+    results = [run_test(case, emu, cpu, rng) for case in _cases()]
+    cpu.close()
+    return results
+
+
+def test_catalogue_against_cpu(catalogue_results):
+    """Every compare case of the ops with their own CUDA kernels that those kernels accept."""
+    failed = [f"{r.case_name}: {r.error_message}" for r in catalogue_results
+              if r.status == Status.FAIL]
+    assert not failed, f"{len(failed)} failures:\n" + "\n".join(failed[:20])
+    ran = {r.op_name for r in catalogue_results if r.status == Status.OK}
+    assert ran == OWN_OPS, f"ops with no case the kernels accept: {OWN_OPS - ran}"
+
+
+ROW_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16]
+
+
+def _random_rows(type_: GGMLType, m: int, k: int, rng) -> np.ndarray:
+    tr = TYPE_TRAITS[type_]
+    if tr.is_quantized:
+        return random_blocks(type_, m * k // tr.block_size, rng).reshape(m, -1)
+    return rng.standard_normal((m, k)).astype(np.float32)
+
+
+def _stored_bytes(type_: GGMLType, rows: np.ndarray) -> np.ndarray:
+    """Rows as the bytes a tensor of ``type_`` stores."""
+    if type_ == GGMLType.F16:
+        return rows.astype(np.float16).view(np.uint8)
+    if type_ == GGMLType.BF16:
+        return (rows.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    return rows.view(np.uint8)
+
+
+def _mat_vec(backend, type_: GGMLType, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    ctx = Context()
+    a = ctx.new_tensor(type_, [x.shape[1], raw.shape[0]], name="a")
+    b = ctx.new_tensor(GGMLType.F32, [x.shape[1], x.shape[0]], name="b")
+    out = ops.mul_mat(ctx, a, b)
+    with alloc_ctx_tensors(ctx, backend):
+        a.set_data(raw)
+        b.set_data(x)
+        backend.graph_compute(build_graph(out))
+        return out.numpy().copy()
+
+
+@pytest.mark.parametrize("type_", ROW_TYPES, ids=lambda t: t.name)
+def test_mat_vec_matches_cpu(emu, cpu, type_):
+    rng = np.random.default_rng(int(type_))
+    raw = _random_rows(type_, 24, 512, rng)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    np.testing.assert_allclose(_mat_vec(emu, type_, raw, x), _mat_vec(cpu, type_, raw, x),
+                               rtol=2e-5, atol=2e-4)
+
+
+@pytest.mark.parametrize("type_", ROW_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_dequantize_matches_the_reference_decoder(emu, type_, dtype):
+    """dequantize_{f32,f16}_<type> over strided rows (every other row of a 3-D stack)."""
+    rng = np.random.default_rng(int(type_) + 100)
+    raw = _stored_bytes(type_, _random_rows(type_, 2 * 6 * 5, 256, rng)).reshape(5, 12, -1)
+    rows = raw[:, ::2]                                   # (ne2=5, ne1=6, row bytes), strided
+    out = np.full((5, 6, 256), np.nan, dtype=dtype)
+    grid, block, args = dequantize_args(rows.ctypes.data, (rows.strides[1], rows.strides[0], 0),
+                                        (256, 6, 5, 1), out.ctypes.data)
+    kind = "f16" if dtype == np.float16 else "f32"
+    emu.launcher.launch(f"dequantize_{kind}_{ROW_TYPE_NAMES[type_]}", grid, block, args)()
+    expected = dequantize(np.ascontiguousarray(rows), type_).reshape(out.shape).astype(dtype)
+    np.testing.assert_allclose(out.astype(np.float32), expected.astype(np.float32), rtol=1e-6)
+
+
+def test_get_rows_bad_index_sets_the_flag(emu):
+    ctx = Context()
+    a = ctx.new_tensor(GGMLType.Q8_0, [64, 4])
+    idx = ctx.new_tensor(GGMLType.I32, [2])
+    out = ops.get_rows(ctx, a, idx)
+    with alloc_ctx_tensors(ctx, emu):
+        a.set_data(np.ones((4, 64), np.float32))
+        idx.set_data(np.array([1, 9], np.int32))
+        with pytest.raises(OutOfBoundsError):
+            emu.graph_compute(build_graph(out))
+        values = out.numpy()[0, 0]
+        np.testing.assert_allclose(values[0], 1.0, atol=1e-3)     # Q8_0's rounding of 1
+        assert np.isnan(values[1]).all()
+
+
+def test_own_kernels_cover_the_inference_ops():
+    assert {op.name for op in (Op.MUL_MAT, Op.MUL_MAT_ID, Op.GET_ROWS, Op.RMS_NORM,
+                               Op.SOFT_MAX, Op.ROPE)} <= OWN_OPS
