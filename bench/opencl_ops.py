@@ -10,8 +10,6 @@ copy back, and a device-to-device copy between two OpenCL devices when there are
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import statistics
 import sys
@@ -23,7 +21,8 @@ import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, tensor_copy, tensor_copy_async
 from polydev.tools.compare import runner
 from polydev.tools.compare.catalogue import perf_cases
-from polydev.tools.table import format_table
+
+from figures import parse_args, print_figures  # bench/figures.py
 
 # decode-sized cases: the batched products take seconds per run on a CPU OpenCL driver
 CASES = re.compile(r"MUL_MAT\(type_a=(f16|q4_0|q8_0|q4_K|q6_K),.*n=1,|MUL_MAT_ID\(.*q4_0.*n=1,"
@@ -99,10 +98,7 @@ def transfer_figures(devices, quick: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print the DESIGN.md JSON object")
-    parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
-    args = parser.parse_args(argv)
+    args = parse_args(__doc__, argv)
     opencl = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
     if not opencl:
         print("no OpenCL device: pip install 'polydev[opencl]'", file=sys.stderr)
@@ -110,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = polydev.device("CPU")
     figures = op_ratios(opencl[0], cpu, args.quick) + transfer_figures(opencl, args.quick)
     machine = f"{cpu.description}; {opencl[0].description}"
-    if args.json:
-        print(json.dumps({"bench": "opencl_ops", "machine": machine, "figures": figures},
-                         indent=1))
-        return 0
-    print(f"{machine}\n")
-    print(format_table(["figure", "value", "unit", "detail"],
-                       [(f["name"], f["value"], f["unit"], f.get("detail", "")) for f in figures]))
+    print_figures("opencl_ops", machine, figures, args.json)
     return 0
 
 

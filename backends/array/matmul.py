@@ -15,7 +15,7 @@ from typing import Callable
 from polydev.tensor import Tensor
 
 
-def _batch_views(a_shape, b, d):
+def batch_views(a_shape, b, d):
     """Reshape b (b3, b2, N, K) and d (b3, b2, N, M) to (a3, r3, a2, r2, ...) when a's batch
     dims are neither 1 nor b's; returns (b, d, expand_a) where expand_a adapts a."""
     a3, a2 = a_shape[0], a_shape[1]
@@ -33,7 +33,7 @@ def bind_mul_mat(env, node: Tensor) -> Callable[[], None]:
     a_t, b_t = node.src[0], node.src[1]
     weight = env.weight_f32(a_t)
     b, d = env.view(b_t), env.view(node)
-    b_batched, d_batched, expand_a = _batch_views(a_t.shape, b, d)
+    b_batched, d_batched, expand_a = batch_views(a_t.shape, b, d)
     needs_f32 = b.dtype != xp.float32
     # BLAS wants unit stride along K; a permuted b is made contiguous per call
     packed = b.strides[-1] == b.itemsize
@@ -59,7 +59,7 @@ def bind_out_prod(env, node: Tensor) -> Callable[[], None]:
     a_t, b_t = node.src[0], node.src[1]
     a = env.weight_f32(a_t)
     b, d = env.view(b_t), env.view(node)
-    b_batched, d_batched, expand_a = _batch_views(a_t.shape, b, d)
+    b_batched, d_batched, expand_a = batch_views(a_t.shape, b, d)
 
     def run() -> None:
         rhs = b_batched if b_batched.dtype == xp.float32 else b_batched.astype(xp.float32)

@@ -57,8 +57,9 @@ class CUDABackend(Backend):
         with cupy.cuda.Device(device.index):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.copy_event = cupy.cuda.Event(disable_timing=True)
-            # set by GET_ROWS and MUL_MAT_ID kernels that meet an index out of range
-            self._bad_index = cupy.zeros(1, dtype=np.int32)
+            with self.stream:      # zeroed on this stream: ordered before every kernel of it
+                # set by GET_ROWS and MUL_MAT_ID kernels that meet an index out of range
+                self._bad_index = cupy.zeros(1, dtype=np.int32)
         self.bad_index = np.uint64(self._bad_index.data.ptr)
         self.index_check_pending = False
         self.env = CupyEnv(self, cupy)

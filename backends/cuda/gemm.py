@@ -14,7 +14,7 @@ from typing import Callable
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from polydev.backends.array.matmul import _batch_views
+from polydev.backends.array.matmul import batch_views
 
 from .binders import ROW_TYPE_NAMES
 
@@ -30,7 +30,7 @@ def bind_half_gemm(env, node: Tensor) -> Callable[[], None]:
     a_t, b_t = node.src[0], node.src[1]
     weight = env.weight_f16(a_t)
     b, d = env.view(b_t), env.view(node)
-    b_batched, d_batched, expand_a = _batch_views(a_t.shape, b, d)
+    b_batched, d_batched, expand_a = batch_views(a_t.shape, b, d)
 
     def run() -> None:
         rhs = b_batched if b_batched.dtype == xp.float16 else b_batched.astype(xp.float16)

@@ -1,0 +1,28 @@
+"""What the benchmark scripts share: their two options and how they print their figures
+(a table, or with --json the DESIGN.md object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from polydev.tools.table import format_table
+
+
+def parse_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the DESIGN.md JSON object")
+    parser.add_argument("--quick", action="store_true", help="smaller, shorter runs (a smoke "
+                        "test; the figures to quote come from full runs)")
+    return parser.parse_args(argv)
+
+
+def print_figures(bench: str, machine: str, figures: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"bench": bench, "machine": machine, "figures": figures}, indent=1))
+        return
+    print(f"{machine}\n")
+    print(format_table(["figure", "value", "unit", "target", "detail"],
+                       [(f["name"], f["value"], f["unit"],
+                         "" if f["target"] is None else f["target"], f.get("detail", ""))
+                        for f in figures]))
