@@ -193,6 +193,15 @@ class GraphPlan:
         self.graph = graph
 
 
+class BoundGraphPlan(GraphPlan):
+    """A plan whose every compute node is bound to its kernel call: computing it replays
+    ``calls`` in order (the plans of the CPU, OpenCL and CUDA backends)."""
+
+    def __init__(self, graph: "Graph", calls: "list[Callable[[], None]]") -> None:
+        super().__init__(graph)
+        self.calls = calls
+
+
 class Backend:
     """An execution stream bound to one device; a context manager (``close()`` releases it)."""
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from polydev.device import Backend, GraphPlan
+from polydev.device import Backend, BoundGraphPlan
 from polydev.errors import UnsupportedOpError
 from polydev.graph import Graph
 from polydev.ops import VIEW_OPS, Op, op_desc
@@ -24,12 +24,7 @@ from .env import NumpyEnv
 log = logging.getLogger(__name__)
 
 
-class CPUGraphPlan(GraphPlan):
-    """A graph with every compute node bound to its kernel call."""
-
-    def __init__(self, graph: Graph, calls: list[Callable[[], None]]) -> None:
-        super().__init__(graph)
-        self.calls = calls
+CPUGraphPlan = BoundGraphPlan      # the CPU backend's plans (the shared bound plan)
 
 
 class CPUBackend(Backend):

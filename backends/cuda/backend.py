@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from polydev.buffer import tensor_get, tensor_set
-from polydev.device import Backend, Event, GraphPlan
+from polydev.device import Backend, BoundGraphPlan, Event
 from polydev.errors import OutOfBoundsError, UnsupportedOpError
 from polydev.graph import Graph
 from polydev.ops import VIEW_OPS, Op, op_desc
@@ -39,12 +39,6 @@ class CUDAEvent(Event):
 
     def _free(self) -> None:
         self.cuda_event = None
-
-
-class CUDAGraphPlan(GraphPlan):
-    def __init__(self, graph: Graph, calls: list[Callable[[], None]]) -> None:
-        super().__init__(graph)
-        self.calls = calls
 
 
 class CUDABackend(Backend):
@@ -180,13 +174,13 @@ class CUDABackend(Backend):
                                      f"{node.name!r} (result {node.type}, sources {types})")
         return kernel.bind(self, node)
 
-    def _graph_plan_create(self, graph: Graph) -> CUDAGraphPlan:
+    def _graph_plan_create(self, graph: Graph) -> BoundGraphPlan:
         with self.on_stream():        # binding may upload small tables (on this stream)
             calls = [self.bind(n) for n in graph.nodes
                      if n.op not in VIEW_OPS and n.op != Op.NONE]
-        return CUDAGraphPlan(graph, calls)
+        return BoundGraphPlan(graph, calls)
 
-    def _graph_plan_compute(self, plan: CUDAGraphPlan) -> None:
+    def _graph_plan_compute(self, plan: BoundGraphPlan) -> None:
         with self.on_stream():
             for call in plan.calls:
                 call()

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from polydev.buffer import tensor_get, tensor_set
-from polydev.device import Backend, Event, GraphPlan
+from polydev.device import Backend, BoundGraphPlan, Event
 from polydev.errors import OutOfBoundsError, UnsupportedOpError
 from polydev.graph import Graph
 from polydev.ops import VIEW_OPS, Op, op_desc
@@ -37,12 +37,6 @@ class OpenCLEvent(Event):
 
     def _free(self) -> None:
         self.marker = None
-
-
-class OpenCLGraphPlan(GraphPlan):
-    def __init__(self, graph: Graph, calls: list[Callable[[], None]]) -> None:
-        super().__init__(graph)
-        self.calls = calls
 
 
 class OpenCLBackend(Backend):
@@ -139,11 +133,11 @@ class OpenCLBackend(Backend):
                                      f"{node.name!r} (result {node.type}, sources {types})")
         return kernel.bind(self, node)
 
-    def _graph_plan_create(self, graph: Graph) -> OpenCLGraphPlan:
+    def _graph_plan_create(self, graph: Graph) -> BoundGraphPlan:
         calls = [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
-        return OpenCLGraphPlan(graph, calls)
+        return BoundGraphPlan(graph, calls)
 
-    def _graph_plan_compute(self, plan: OpenCLGraphPlan) -> None:
+    def _graph_plan_compute(self, plan: BoundGraphPlan) -> None:
         for call in plan.calls:
             call()
 
