@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from polydev.ops import alibi_slopes
 from polydev.tensor import Tensor
 
 from .env import values_of
-from .softmax import alibi_slopes
 
 # scores per block of query rows, in elements (64 MiB of float32): big enough that each
 # block is a few large BLAS calls, small enough to bound the working memory

@@ -10,40 +10,17 @@ the vision mode restarts the running product at each section.
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
 
-from polydev.ops import RopeMode
+from polydev.ops import RopeMode, yarn_corr_dims, yarn_mscale, yarn_ramp_width
 from polydev.tensor import Tensor
 
 from .env import same_memory
 
 SUPPORTED_MODES = (RopeMode.NORMAL, RopeMode.NEOX, RopeMode.MROPE, RopeMode.IMROPE,
                    RopeMode.VISION)
-
-
-def _c_min(a: float, b: float) -> float:
-    return a if a < b else b      # C's MIN macro, NaN behaviour included
-
-
-def _c_max(a: float, b: float) -> float:
-    return a if a > b else b
-
-
-def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
-                   beta_slow: float) -> tuple[float, float]:
-    """ggml_rope_yarn_corr_dims: the dimension range where YaRN ramps."""
-    def corr_dim(n_rot: float) -> float:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2 * math.pi))
-            return float(np.float32(n_dims) * np.log(np.float32(ratio))
-                         / (np.float32(2) * np.log(np.float32(freq_base))))
-    fast, slow = corr_dim(beta_fast), corr_dim(beta_slow)
-    start = math.floor(fast) if math.isfinite(fast) else fast
-    end = math.ceil(slow) if math.isfinite(slow) else slow
-    return _c_max(0.0, start), _c_min(float(n_dims - 1), end)
 
 
 def _running_thetas(xp, pos, n_pairs: int, theta_scale):
@@ -90,15 +67,14 @@ def rope_cos_sin(xp, theta_extrap, n_dims: int, params: tuple, freq_factors=None
     if freq_factors is not None:
         theta_extrap /= freq_factors[:n_pairs]
     theta = theta_extrap * xp.float32(freq_scale)
-    mscale = np.float32(attn_factor)
+    mscale = yarn_mscale(attn_factor, freq_scale, ext_factor)
     if ext_factor != 0.0:
         low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
-        y = (np.arange(n_pairs, dtype=np.float32) - np.float32(low)) \
-            / np.float32(_c_max(0.001, high - low))
+        width = np.float32(yarn_ramp_width(low, high))
+        y = (np.arange(n_pairs, dtype=np.float32) - np.float32(low)) / width
         ramp_mix = (1 - np.minimum(1, np.maximum(0, y))) * np.float32(ext_factor)
         ramp_mix = xp.asarray(ramp_mix.astype(np.float32))
         theta = theta * (1 - ramp_mix) + theta_extrap * ramp_mix
-        mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
     return xp.cos(theta) * mscale, xp.sin(theta) * mscale
 
 

@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
 
+from polydev.ops import alibi_slopes
 from polydev.tensor import Tensor
 
 from .broadcast import split_shapes
 from .env import same_memory
-
-
-def alibi_params(n_head: int, max_bias: float) -> tuple[np.float32, np.float32, int]:
-    """ALiBi's m0, m1 and n_head_log2, from which ggml derives the per-head slopes: head h
-    has m0^(h+1) below n_head_log2, m1^(2(h - n_head_log2) + 1) from there on."""
-    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
-    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
-    m1 = np.float32(2.0) ** np.float32(-(max_bias / 2.0) / n_head_log2)
-    return np.float32(m0), np.float32(m1), n_head_log2
-
-
-def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
-    """ALiBi's per-head slope (1 for every head when max_bias is 0), as ggml computes it."""
-    if max_bias <= 0.0:
-        return np.ones(n_head, dtype=np.float32)
-    m0, m1, n_head_log2 = alibi_params(n_head, max_bias)
-    h = np.arange(n_head)
-    return np.where(h < n_head_log2, m0 ** (h + 1), m1 ** (2 * (h - n_head_log2) + 1)) \
-        .astype(np.float32)
 
 
 def bind_soft_max(env, node: Tensor) -> Callable[[], None]:

@@ -13,12 +13,11 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from polydev.ops import Op, RopeMode
+from polydev.ops import (Op, RopeMode, alibi_params, yarn_corr_dims, yarn_mscale,
+                         yarn_ramp_width)
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from polydev.backends.array.rope import yarn_corr_dims
-from polydev.backends.array.softmax import alibi_params
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 
@@ -174,12 +173,11 @@ def rope_scalars(node: Tensor) -> list:
     (_, n_dims, _, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
      beta_slow) = node.op_params[:11]
     theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
-    mscale = np.float32(attn_factor)
+    mscale = yarn_mscale(attn_factor, freq_scale, ext_factor)
     low, span = 0.0, 1.0
     if ext_factor != 0.0:
         low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
-        span = 0.001 if 0.001 > high - low else high - low     # C's MAX, NaN included
-        mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
+        span = yarn_ramp_width(low, high)
     return [np.float32(theta_scale), np.float32(freq_scale), np.float32(ext_factor),
             np.float32(mscale), np.float32(low), np.float32(span)]
 

@@ -10,11 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from polydev.ops import GluOp, Op, RopeMode, UnaryOp
+from polydev.ops import GluOp, Op, RopeMode, UnaryOp, alibi_params, yarn_corr_dims
 from polydev.tensor import Tensor
 
-from polydev.backends.array.rope import yarn_corr_dims
-from polydev.backends.array.softmax import alibi_params
 
 from .types import (ENCODABLE, FN_CODES, FN_DEFINES, I32, I64, MAT_VEC_MAX_COLUMNS,
                     PLAIN_NAMES, QUANT_NAMES)

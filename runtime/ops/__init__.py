@@ -15,6 +15,7 @@ from .elementwise import *  # noqa: F401,F403
 from .generate import *  # noqa: F401,F403
 from .matmul import *  # noqa: F401,F403
 from .norm import *  # noqa: F401,F403
+from .positional import *  # noqa: F401,F403
 from .recurrent import *  # noqa: F401,F403
 from .reduce import *  # noqa: F401,F403
 from .rows import *  # noqa: F401,F403
