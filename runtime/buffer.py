@@ -1,25 +1,31 @@
 """Buffer types, buffers and the tensor data functions (ggml-backend's buffer layer).
 
-``BufferType`` is a memory kind, ``Buffer`` a range of it. A tensor lives at ``(buffer, offset)``.
-The public functions here own every check (allocated, in bounds, not closed) and then call the
-backend's hooks, which are the methods named with a leading underscore; a backend overrides
-those and nothing else. Optional hooks fall back the way ggml's do.
+``BufferType`` is a memory kind, ``Buffer`` a range of it; a tensor lives at ``(buffer,
+offset)``. The public functions here own every check (allocated, in bounds, not closed, the
+bytes' length) and then call the hooks a backend overrides, the methods named with a leading
+underscore. An optional hook falls back as below (the rule of ``polydev.hooks``).
 
-Backend contract, BufferType:  _alloc(size) -> Buffer        required
-                               _alloc_size(tensor) -> int    optional (nbytes)
-Backend contract, Buffer:      _set(t, data, offset)         required
-                               _get(t, out, offset)          required
-                               _memset(t, value, offset, n)  optional (UnsupportedError)
-                               _cpy(src, dst) -> bool        optional (False: caller falls back)
-                               _clear(value)                 required
-                               _host_array() -> np.ndarray   required when buft.is_host
-                               _init_tensor(t), _reset()     optional (no-op)
-                               _free()                       optional (no-op)
+  BufferType  _alloc(size) -> Buffer          required
+              _alloc_size(tensor) -> int      optional  tensor.nbytes (never less)
+  Buffer      _set(t, data, offset)           required  data: uint8 bytes, range checked
+              _get(t, out, offset)            required  out: C-contiguous uint8, range checked
+              _clear(value)                   required  every byte of the buffer
+              _host_array() -> np.ndarray     required  where the buffer type is_host
+              _memset(t, value, offset, n)    optional  a _set of n bytes of value
+              _cpy(src, dst) -> bool          optional  may decline (False); else tensor_copy
+                                                        stages the bytes through the host
+              _init_tensor(t), _reset()       optional  nothing
+              _free()                         optional  nothing
+
+Host memory needs none of that: ``HostArrayBuffer`` implements every hook over a numpy uint8
+array. A backend whose device may still be working on those bytes (pinned memory of a GPU
+stream) overrides its one hook ``_wait``, called before the host touches them.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import sys
 from typing import TYPE_CHECKING, Sequence
 
@@ -27,6 +33,7 @@ import numpy as np
 
 from .errors import (AllocationError, ClosedError, InvalidArgumentError, NotAllocatedError,
                      OutOfBoundsError, ShapeError, UnsupportedError)
+from .hooks import overrides
 from .tensor import Tensor
 
 if TYPE_CHECKING:
@@ -67,7 +74,7 @@ class BufferType:
 
     def alloc_size(self, tensor: Tensor) -> int:
         """Bytes ``tensor`` needs in this memory (at least its nbytes)."""
-        if type(self)._alloc_size is BufferType._alloc_size:
+        if not overrides(self, BufferType, "_alloc_size"):
             return tensor.nbytes
         size = self._alloc_size(tensor)
         assert size >= tensor.nbytes, f"{self.name}: alloc size {size} < nbytes {tensor.nbytes}"
@@ -82,8 +89,11 @@ class BufferType:
         return tensor.nbytes
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, alignment={self.alignment}, " \
-               f"host={self.is_host})"
+        return (f"{type(self).__name__}({self.name!r}, alignment={self.alignment}, "
+                f"host={self.is_host})")
+
+
+_buffer_ids = itertools.count(1)
 
 
 class Buffer:
@@ -92,6 +102,9 @@ class Buffer:
     def __init__(self, buft: BufferType, size: int) -> None:
         self.buft = buft
         self.size = size
+        # Unique for the life of the process (``id()`` is reused once a buffer is freed), so
+        # caches of derived data can key on it.
+        self.uid = next(_buffer_ids)
         self._usage = BufferUsage.ANY
         self.closed = False
         # Bumped by every write through this API; caches of derived data (e.g. dequantized
@@ -124,7 +137,7 @@ class Buffer:
 
     @usage.setter
     def usage(self, usage: BufferUsage) -> None:
-        self._usage = BufferUsage(usage)
+        self._usage = _usage(usage)
 
     def alloc_size(self, tensor: Tensor) -> int:
         return self.buft.alloc_size(tensor)
@@ -184,7 +197,7 @@ class Buffer:
         raise NotImplementedError
 
     def _memset(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
-        raise UnsupportedError(f"buffer {self.name} cannot memset tensors")
+        self._set(tensor, np.full(size, value, dtype=np.uint8), offset)
 
     def _cpy(self, src: Tensor, dst: Tensor) -> bool:
         return False
@@ -193,7 +206,7 @@ class Buffer:
         raise NotImplementedError
 
     def _host_array(self) -> np.ndarray:
-        raise UnsupportedError(f"buffer {self.name} has no host view")
+        raise NotImplementedError
 
     def _init_tensor(self, tensor: Tensor) -> None:
         pass
@@ -205,11 +218,74 @@ class Buffer:
         pass
 
 
+def _usage(usage) -> BufferUsage:
+    try:
+        return BufferUsage(usage)
+    except ValueError:
+        names = ", ".join(f"{u.name} ({u.value})" for u in BufferUsage)
+        message = f"buffer usage must be one of {names}, got {usage!r}"
+        raise InvalidArgumentError(message) from None
+
+
+class HostArrayBuffer(Buffer):
+    """A buffer whose bytes are a numpy uint8 array, read and written without copies.
+
+    ``_wait`` is the one hook: where a device may still be reading or writing these bytes
+    (pinned memory of a GPU stream), it waits for that device before the host touches them.
+    """
+
+    def __init__(self, buft: BufferType, array: np.ndarray) -> None:
+        super().__init__(buft, array.size)
+        self._array: np.ndarray | None = array
+
+    def _wait(self) -> None:
+        """Let every device that may touch these bytes finish (none: plain host memory)."""
+
+    def _bytes(self, t: Tensor, offset: int, size: int) -> np.ndarray:
+        start = t.offset + offset
+        return self._array[start:start + size]
+
+    def _writable(self) -> np.ndarray:
+        if not self._array.flags.writeable:
+            raise UnsupportedError(f"buffer {self.name} wraps read-only memory")
+        self._wait()
+        return self._array
+
+    def _set(self, t: Tensor, data: np.ndarray, offset: int) -> None:
+        self._writable()
+        self._bytes(t, offset, data.size)[...] = data
+
+    def _get(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+        self._wait()
+        out[...] = self._bytes(t, offset, out.size)
+
+    def _memset(self, t: Tensor, value: int, offset: int, size: int) -> None:
+        self._writable()
+        self._bytes(t, offset, size).fill(value)
+
+    def _clear(self, value: int) -> None:
+        self._writable().fill(value)
+
+    def _host_array(self) -> np.ndarray:
+        self._wait()
+        return self._array
+
+    def _free(self) -> None:
+        self._wait()
+        self._array = None
+
+
 class DummyBuffer(Buffer):
     """The size-0 buffer ggml returns for ``alloc_buffer(0)``: valid, holds nothing."""
 
     def __init__(self, buft: BufferType) -> None:
         super().__init__(buft, 0)
+
+    def _set(self, t: Tensor, data: np.ndarray, offset: int) -> None:
+        raise OutOfBoundsError(f"buffer {self.name} of size 0 holds no tensor")
+
+    def _get(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+        raise OutOfBoundsError(f"buffer {self.name} of size 0 holds no tensor")
 
     def _clear(self, value: int) -> None:
         pass
@@ -236,9 +312,9 @@ class MultiBuffer(Buffer):
 
     @Buffer.usage.setter   # type: ignore[attr-defined]
     def usage(self, usage: BufferUsage) -> None:
-        self._usage = BufferUsage(usage)
+        self._usage = _usage(usage)
         for b in self.buffers:
-            b.usage = usage
+            b.usage = self._usage
 
     def _clear(self, value: int) -> None:
         for b in self.buffers:
@@ -268,17 +344,23 @@ def _check_range(t: Tensor, offset: int, size: int, what: str) -> None:
                                f"{t.name or '<unnamed>'} ({t.nbytes} bytes)")
 
 
-def _as_bytes(data) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        if not data.flags.c_contiguous:
-            data = np.ascontiguousarray(data)
-        return data.reshape(-1).view(np.uint8)
-    return np.frombuffer(data, dtype=np.uint8)
+def as_bytes(data) -> np.ndarray:
+    """Any buffer-protocol object (a numpy array of any dtype, bytes, memoryview) as a flat
+    uint8 array, without a copy where its bytes are contiguous."""
+    try:
+        if isinstance(data, np.ndarray):
+            if data.dtype.hasobject:
+                raise TypeError("an array of Python objects has no raw bytes")
+            return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        return np.frombuffer(data, dtype=np.uint8)
+    except (TypeError, ValueError) as e:
+        message = f"cannot use {type(data).__name__} as raw bytes: {e}"
+        raise InvalidArgumentError(message) from None
 
 
 def tensor_set(t: Tensor, data, offset: int = 0) -> None:
     """Write raw bytes (any buffer-protocol object) into ``t`` at byte ``offset``; blocking."""
-    raw = _as_bytes(data)
+    raw = as_bytes(data)
     buf = _data_buffer(t)
     if raw.size == 0:
         return
@@ -320,7 +402,7 @@ def tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | None = Non
 def tensor_set_2d(t: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
                   stride_data: int) -> None:
     """Write ``n_copies`` rows of ``size`` bytes, strided on both sides."""
-    raw = _as_bytes(data)
+    raw = as_bytes(data)
     if n_copies <= 0 or size == 0:
         return
     _check_range(t, offset, (n_copies - 1) * stride_tensor + size, "2-d write")
@@ -350,8 +432,8 @@ def wrap_host_memory(host) -> np.ndarray:
     try:
         return np.frombuffer(host, dtype=np.uint8)
     except (TypeError, ValueError) as e:
-        raise InvalidArgumentError(f"cannot wrap {type(host).__name__} as host memory: {e}") \
-            from None
+        message = f"cannot wrap {type(host).__name__} as host memory: {e}"
+        raise InvalidArgumentError(message) from None
 
 
 def host_bytes(t: Tensor) -> np.ndarray:

@@ -1,28 +1,65 @@
 """Regs, devices, backends (streams) and events: the contract every backend implements.
 
-Reading order for a backend author: ``Reg`` enumerates ``Device``s; a device creates ``Backend``
-streams, names its buffer types and answers supports_op/supports_buft/offload_op; a backend
-computes graphs and moves data asynchronously; ``Event``s order work between streams.
+A backend package subclasses ``Device``, ``Backend`` and ``Event`` and overrides the hooks
+below (``runtime/buffer.py`` has the memory half). Public methods own the checks and fallbacks
+and call the hooks. Required hooks raise NotImplementedError here. An optional hook is a
+capability: the base class holds the fallback, and the capability exists exactly when a
+subclass overrides the hook (``polydev.hooks.overrides``); ``Device.caps`` is derived that way.
 
-Public methods own the checks and the fallbacks; backends override the underscore hooks.
-Optional hooks fall back as ggml's do: async copies become synchronize + blocking copy, graph
-plans raise UnsupportedError, events are None where a device has none.
+  Reg      Reg(name, devices, procs, unavailable_reason)   a record; nothing to override
+  Device   memory() -> (free, total)          required
+           buffer_type                        required  the default BufferType
+           supports_buft(buft)                required  can its kernels use that memory in place
+           backend_class                      required  the Backend subclass of its streams
+           kernels                            required  a KernelTable, unless supports_op and the
+                                                        backend's bind are both overridden
+           supports_op(op)                    derived   kernels.find(op) is not None
+           supported_op_names()               derived   kernels.op_names()
+           _init_backend(params)              optional  backend_class(self)
+           offload_op(op)                     optional  False
+           device_id                          optional  None
+           _host_buffer_type()                optional  caps.host_buffer; else host_buffer_type None
+           _buffer_from_host_ptr(host, max)   optional  caps.buffer_from_host_ptr; else
+                                                        UnsupportedError
+           _event_new()                       optional  caps.events; else event_new() gives None
+                                                        and callers synchronize instead
+  Backend  bind(node) -> call                 derived   the kernel of device.kernels, bound here
+           _compute_scope()                   optional  a context binding and replay run in
+                                                        (device and stream current); none
+           _graph_plan_create/_compute/_free  derived   bind every node once, replay the calls
+           _graph_compute(graph)              derived   one plan, made and replayed
+           _set_tensor_async(t, data, offset) optional  caps.async_, with _get_tensor_async;
+           _get_tensor_async(t, out, offset)            else synchronize + a blocking copy
+           _cpy_tensor_async(src_be, src, dst) optional may decline (False); else both streams
+                                                        synchronize, then tensor_copy
+           _synchronize()                     optional  nothing (a synchronous stream)
+           _event_record(e), _event_wait(e)   required  where the device has _event_new; only
+                                                        for events of the same reg (the host
+                                                        waits for any other)
+           _free()                            optional  nothing
+  Event    _synchronize()                     required
+           _free()                            optional  nothing
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import numpy as np
 
 from .buffer import Buffer, BufferType, tensor_copy, tensor_get, tensor_set
-from .errors import ClosedError, UnsupportedError
+from .errors import (ClosedError, InvalidArgumentError, NotAllocatedError, ShapeError,
+                     UnsupportedError, UnsupportedOpError)
+from .hooks import overrides
+from .ops import VIEW_OPS, Op, op_desc
 from .tensor import Tensor
 
 if TYPE_CHECKING:
     from .graph import Graph
+    from .kernels import KernelTable
 
 
 class DeviceType(enum.IntEnum):
@@ -38,13 +75,12 @@ class DeviceType(enum.IntEnum):
 
 @dataclass(frozen=True)
 class DeviceCaps:
-    """What a device can do beyond the required minimum."""
+    """What a device can do beyond the required minimum (derived from its hooks)."""
 
     async_: bool = False                 # async set/get/copy and graph_compute_async
     host_buffer: bool = False            # host_buffer_type gives pinned host memory
     buffer_from_host_ptr: bool = False   # buffer_from_host_ptr wraps user memory
-    events: bool = False                 # event_new works
-    mmap_support: bool = False           # weights can be used straight from an mmap
+    events: bool = False                 # event_new gives events
 
 
 @dataclass(frozen=True)
@@ -61,15 +97,26 @@ class DeviceProps:
 
 
 class Device:
-    """One physical or logical device. Subclasses implement the hooks below."""
+    """One physical or logical device; see the module docstring for its hooks."""
 
-    caps = DeviceCaps()
     type = DeviceType.CPU
+    backend_class: "type[Backend]"
 
     def __init__(self, name: str, description: str, reg: "Reg | None" = None) -> None:
         self.name = name
         self.description = description
         self.reg = reg
+
+    # --- what it is -------------------------------------------------------------------------
+
+    @property
+    def caps(self) -> DeviceCaps:
+        """The optional capabilities, read off the hooks this device and its backend override."""
+        return DeviceCaps(
+            async_=overrides(self.backend_class, Backend, "_set_tensor_async"),
+            host_buffer=overrides(self, Device, "_host_buffer_type"),
+            buffer_from_host_ptr=overrides(self, Device, "_buffer_from_host_ptr"),
+            events=overrides(self, Device, "_event_new"))
 
     @property
     def device_id(self) -> str | None:
@@ -81,13 +128,12 @@ class Device:
         raise NotImplementedError
 
     def props(self) -> DeviceProps:
+        """Name, description, memory, type, PCI id and caps in one record."""
         free, total = self.memory()
         return DeviceProps(self.name, self.description, free, total, self.type, self.device_id,
                            self.caps)
 
-    def init_backend(self, params: str | None = None) -> "Backend":
-        """A new stream on this device."""
-        return self._init_backend(params)
+    # --- memory ---------------------------------------------------------------------------------
 
     @property
     def buffer_type(self) -> BufferType:
@@ -96,40 +142,54 @@ class Device:
 
     @property
     def host_buffer_type(self) -> BufferType | None:
-        """Pinned host memory for fast transfers, or None."""
-        return None
+        """Pinned host memory for fast transfers, or None where the device has none."""
+        return self._host_buffer_type() if overrides(self, Device, "_host_buffer_type") else None
 
     def buffer_from_host_ptr(self, host: Any, max_tensor_size: int = 0) -> Buffer:
         """A buffer over existing host memory (a numpy array, memoryview or mmap), no copy."""
-        if not self.caps.buffer_from_host_ptr:
+        if not overrides(self, Device, "_buffer_from_host_ptr"):
             raise UnsupportedError(f"device {self.name} cannot wrap host memory "
                                    f"(caps.buffer_from_host_ptr is false)")
         return self._buffer_from_host_ptr(host, max_tensor_size)
 
-    def supports_op(self, op: Tensor) -> bool:
-        """Whether this device can compute ``op`` (its sources already set)."""
+    def supports_buft(self, buft: BufferType) -> bool:
+        """Whether this device's kernels can use tensors in ``buft`` in place."""
         raise NotImplementedError
 
-    def supports_buft(self, buft: BufferType) -> bool:
-        """Whether this device can use tensors in ``buft`` in place."""
-        raise NotImplementedError
+    # --- compute ------------------------------------------------------------------------------
+
+    @property
+    def kernels(self) -> "KernelTable":
+        """The kernel table that ``supports_op`` and the backend's ``bind`` read."""
+        raise NotImplementedError(f"device {self.name} has no kernel table: it must override "
+                                  f"supports_op and its backend's bind")
+
+    def supports_op(self, op: Tensor) -> bool:
+        """Whether this device can compute ``op`` (its sources already set)."""
+        return self.kernels.find(op) is not None
+
+    def supported_op_names(self) -> list[str]:
+        """The op names (unary and glu functions by their own names) of the kernel table."""
+        return self.kernels.op_names()
 
     def offload_op(self, op: Tensor) -> bool:
         """Whether this device wants ``op`` even though its weights are in host memory."""
         return False
 
-    def supported_op_names(self) -> list[str] | None:
-        """The op names (unary and glu functions by their own names) in this device's kernel
-        table, for coverage reports; None where the device cannot list them."""
-        return None
+    def init_backend(self, params: str | None = None) -> "Backend":
+        """A new stream on this device (``params`` is free-form, as in ggml)."""
+        return self._init_backend(params)
 
     def event_new(self) -> "Event | None":
         """A new event, or None where the device has no events (callers then synchronize)."""
-        return self._event_new() if self.caps.events else None
+        return self._event_new() if overrides(self, Device, "_event_new") else None
 
     # --- hooks ------------------------------------------------------------------------------
 
     def _init_backend(self, params: str | None) -> "Backend":
+        return self.backend_class(self)
+
+    def _host_buffer_type(self) -> BufferType:
         raise NotImplementedError
 
     def _buffer_from_host_ptr(self, host: Any, max_tensor_size: int) -> Buffer:
@@ -151,12 +211,10 @@ class Event:
 
     def record(self, backend: "Backend") -> None:
         """Mark the current end of ``backend``'s stream."""
-        self._check_open()
         backend.event_record(self)
 
     def wait(self, backend: "Backend") -> None:
         """Make ``backend``'s stream wait for this event (the host does not block)."""
-        self._check_open()
         backend.event_wait(self)
 
     def synchronize(self) -> None:
@@ -165,6 +223,7 @@ class Event:
         self._synchronize()
 
     def close(self) -> None:
+        """Release the event; using it afterwards raises ClosedError."""
         if not self.closed:
             self.closed = True
             self._free()
@@ -186,20 +245,18 @@ class Event:
         pass
 
 
+BoundCall = Callable[[], None]
+
+
 class GraphPlan:
-    """A graph prepared once for repeated computes on one backend."""
+    """A graph prepared once for repeated computes on one backend: each compute node's kernel
+    call, bound to its tensors' memory; computing the plan replays ``calls`` in order."""
 
-    def __init__(self, graph: "Graph") -> None:
+    def __init__(self, backend: "Backend", graph: "Graph", calls: list[BoundCall]) -> None:
+        self.backend = backend
         self.graph = graph
-
-
-class BoundGraphPlan(GraphPlan):
-    """A plan whose every compute node is bound to its kernel call: computing it replays
-    ``calls`` in order (the plans of the CPU, OpenCL and CUDA backends)."""
-
-    def __init__(self, graph: "Graph", calls: "list[Callable[[], None]]") -> None:
-        super().__init__(graph)
         self.calls = calls
+        self.freed = False
 
 
 class Backend:
@@ -210,21 +267,33 @@ class Backend:
         self.name = name or device.name
         self.closed = False
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for pair in (("_set_tensor_async", "_get_tensor_async"),
+                     ("_event_record", "_event_wait")):
+            if overrides(cls, Backend, pair[0]) != overrides(cls, Backend, pair[1]):
+                raise TypeError(f"{cls.__name__} must override both {pair[0]} and {pair[1]}, "
+                                f"or neither")
+
     # --- memory shortcuts on the default buffer type -----------------------------------------
 
     @property
     def default_buffer_type(self) -> BufferType:
+        """The device's preferred buffer type."""
         return self.device.buffer_type
 
     def alloc_buffer(self, size: int) -> Buffer:
+        """A buffer of ``size`` bytes of the default buffer type."""
         return self.default_buffer_type.alloc_buffer(size)
 
     @property
     def alignment(self) -> int:
+        """The default buffer type's alignment."""
         return self.default_buffer_type.alignment
 
     @property
     def max_size(self) -> int:
+        """The default buffer type's largest buffer."""
         return self.default_buffer_type.max_size
 
     # --- async data movement ------------------------------------------------------------------
@@ -232,7 +301,7 @@ class Backend:
     def set_tensor_async(self, t: Tensor, data, offset: int = 0) -> None:
         """Queue a write of raw bytes; ``data`` must stay unchanged until the stream syncs."""
         self._check_open()
-        if not self.device.caps.async_:
+        if not overrides(self, Backend, "_set_tensor_async"):
             self.synchronize()
             tensor_set(t, data, offset)
             return
@@ -241,7 +310,7 @@ class Backend:
     def get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int = 0) -> None:
         """Queue a read into ``out``; valid after ``synchronize()``."""
         self._check_open()
-        if not self.device.caps.async_:
+        if not overrides(self, Backend, "_get_tensor_async"):
             self.synchronize()
             tensor_get(t, offset, out.nbytes, out)
             return
@@ -254,6 +323,15 @@ class Backend:
 
     # --- compute ----------------------------------------------------------------------------
 
+    def bind(self, node: Tensor) -> BoundCall:
+        """The call that computes ``node`` on this stream, its arguments bound once."""
+        kernel = self.device.kernels.find(node)
+        if kernel is None:
+            types = ", ".join(f"{s.type}" for s in node.src if s is not None)
+            raise UnsupportedOpError(f"{self.name} has no kernel for {op_desc(node)} of "
+                                     f"{node.name!r} (result {node.type}, sources {types})")
+        return kernel.bind(self, node)
+
     def graph_compute(self, graph: "Graph") -> None:
         """Compute every node of ``graph`` and wait for it."""
         self.graph_compute_async(graph)
@@ -262,44 +340,94 @@ class Backend:
     def graph_compute_async(self, graph: "Graph") -> None:
         """Queue the graph's computation (synchronous on backends without async)."""
         self._check_open()
+        self._check_graph(graph)
         self._graph_compute(graph)
 
     def graph_plan_create(self, graph: "Graph") -> GraphPlan:
         """Prepare ``graph`` once for repeated ``graph_plan_compute`` calls."""
         self._check_open()
+        self._check_graph(graph)
         return self._graph_plan_create(graph)
 
     def graph_plan_compute(self, plan: GraphPlan) -> None:
+        """Queue one computation of a plan made by this backend."""
         self._check_open()
+        if plan.backend is not self:
+            raise InvalidArgumentError(f"a plan of {plan.backend.name} cannot run on {self.name}")
+        if plan.freed:
+            raise ClosedError(f"the plan of {self.name} was freed")
         self._graph_plan_compute(plan)
 
     def graph_plan_free(self, plan: GraphPlan) -> None:
-        self._graph_plan_free(plan)
+        """Release a plan; computing it afterwards raises ClosedError."""
+        if not plan.freed:
+            plan.freed = True
+            self._graph_plan_free(plan)
+
+    def _check_graph(self, graph: "Graph") -> None:
+        """Every node and source is allocated, open, and in memory this device computes on."""
+        usable: dict[int, bool] = {}
+        for node in graph.nodes:
+            for t in (node, *node.src):
+                if t is None:
+                    continue
+                buf = t.buffer
+                if buf is None:
+                    raise NotAllocatedError(f"{self.name} cannot compute {op_desc(node)} "
+                                            f"{node.name!r}: tensor {t.name or '<unnamed>'} "
+                                            f"ne={list(t.ne)} is not allocated")
+                buf._check_open()
+                ok = usable.get(id(buf.buft))
+                if ok is None:
+                    ok = usable[id(buf.buft)] = self.device.supports_buft(buf.buft)
+                if not ok:
+                    raise UnsupportedError(f"{self.name} cannot compute {op_desc(node)} "
+                                           f"{node.name!r}: tensor {t.name or '<unnamed>'} is "
+                                           f"in {buf.name} memory, which {self.device.name} "
+                                           f"cannot use (copy it, or let a Scheduler do)")
 
     # --- device questions -----------------------------------------------------------------------
 
     def supports_op(self, op: Tensor) -> bool:
+        """The device's answer (ggml's deprecated backend forwards)."""
         return self.device.supports_op(op)
 
     def supports_buft(self, buft: BufferType) -> bool:
+        """The device's answer."""
         return self.device.supports_buft(buft)
 
     def offload_op(self, op: Tensor) -> bool:
+        """The device's answer."""
         return self.device.offload_op(op)
 
     # --- events -------------------------------------------------------------------------------
 
     def event_record(self, event: Event) -> None:
+        """Mark the current end of this stream in ``event`` (an event of this device)."""
         self._check_open()
+        if not overrides(self, Backend, "_event_record"):
+            raise UnsupportedError(f"backend {self.name} has no events")
+        if not isinstance(event, Event) or event.device is not self.device:
+            raise InvalidArgumentError(f"{self.name} can only record events of its own device, "
+                                       f"not {event!r}")
+        event._check_open()
         self._event_record(event)
 
     def event_wait(self, event: Event) -> None:
+        """Make this stream wait for ``event``; an event of another backend library (or a
+        backend without events) makes the host wait instead, which orders the same way."""
         self._check_open()
-        self._event_wait(event)
+        event._check_open()
+        same_reg = event.device.reg is not None and event.device.reg is self.device.reg
+        if same_reg and overrides(self, Backend, "_event_wait"):
+            self._event_wait(event)
+        else:
+            event.synchronize()
 
     # --- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Wait for the stream's work and release it; using it afterwards raises ClosedError."""
         if not self.closed:
             self.closed = True
             self._free()
@@ -319,6 +447,25 @@ class Backend:
 
     # --- hooks ------------------------------------------------------------------------------
 
+    def _compute_scope(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def _graph_plan_create(self, graph: "Graph") -> GraphPlan:
+        with self._compute_scope():
+            calls = [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
+        return GraphPlan(self, graph, calls)
+
+    def _graph_plan_compute(self, plan: GraphPlan) -> None:
+        with self._compute_scope():
+            for call in plan.calls:
+                call()
+
+    def _graph_plan_free(self, plan: GraphPlan) -> None:
+        plan.calls = []
+
+    def _graph_compute(self, graph: "Graph") -> None:
+        self._graph_plan_compute(self._graph_plan_create(graph))
+
     def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
         raise NotImplementedError
 
@@ -326,30 +473,16 @@ class Backend:
         raise NotImplementedError
 
     def _cpy_tensor_async(self, backend_src: "Backend", src: Tensor, dst: Tensor) -> bool:
-        """Copy ``src`` (ordered after ``backend_src``'s work) into ``dst`` on this stream.
-        Return False when this pair of buffers cannot be copied asynchronously."""
         return False
 
     def _synchronize(self) -> None:
         pass
 
-    def _graph_compute(self, graph: "Graph") -> None:
+    def _event_record(self, event: Event) -> None:
         raise NotImplementedError
 
-    def _graph_plan_create(self, graph: "Graph") -> GraphPlan:
-        raise UnsupportedError(f"backend {self.name} has no graph plans")
-
-    def _graph_plan_compute(self, plan: GraphPlan) -> None:
-        raise UnsupportedError(f"backend {self.name} has no graph plans")
-
-    def _graph_plan_free(self, plan: GraphPlan) -> None:
-        pass
-
-    def _event_record(self, event: Event) -> None:
-        raise UnsupportedError(f"backend {self.name} has no events")
-
     def _event_wait(self, event: Event) -> None:
-        raise UnsupportedError(f"backend {self.name} has no events")
+        raise NotImplementedError
 
     def _free(self) -> None:
         pass
@@ -358,8 +491,14 @@ class Backend:
 def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, dst: Tensor) -> None:
     """Copy ``src`` to ``dst`` after the work queued on ``backend_src``; ``backend_dst`` waits
     for the copy. Falls back to synchronizing both streams and a blocking copy."""
+    if not src.same_layout(dst):
+        raise ShapeError(f"tensor_copy_async needs the same layout: {src.name or 'src'} "
+                         f"{src.type} ne={list(src.ne)} nb={list(src.nb)} vs {dst.name or 'dst'} "
+                         f"{dst.type} ne={list(dst.ne)} nb={list(dst.nb)}")
     if src is dst:
         return
+    backend_src._check_open()
+    backend_dst._check_open()
     if backend_dst._cpy_tensor_async(backend_src, src, dst):
         return
     backend_src.synchronize()
@@ -385,17 +524,21 @@ class Reg:
             self.add_device(d)
 
     def add_device(self, device: Device) -> None:
+        """Add a device and make this reg its owner."""
         device.reg = self
         self.devices.append(device)
 
     @property
     def device_count(self) -> int:
+        """How many devices the reg has."""
         return len(self.devices)
 
     def device(self, i: int) -> Device:
+        """The i-th device."""
         return self.devices[i]
 
     def get_proc_address(self, name: str) -> Callable | None:
+        """An optional function of the backend library by name, or None."""
         return self.procs.get(name)
 
     def __repr__(self) -> str:

@@ -23,6 +23,10 @@ class InvalidArgumentError(PolydevError, ValueError):
     """A parameter is out of its valid range."""
 
 
+class ConfigError(InvalidArgumentError):
+    """A ``POLYDEV_*`` environment variable holds a value polydev cannot use."""
+
+
 class DeviceNotFoundError(PolydevError, LookupError):
     """No registered device (or reg) matches the requested name or type."""
 

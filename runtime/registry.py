@@ -9,9 +9,11 @@ registers its backends. Names are looked up case-insensitively, and torch-style 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from importlib import metadata
+from typing import Callable
 
 from .device import Backend, Device, DeviceType, Reg
 from .errors import DeviceNotFoundError
@@ -153,6 +155,21 @@ class Registry:
 
     def init_best_backend(self) -> Backend:
         return self.best_device().init_backend()
+
+
+def reg_once(make: Callable[[], Reg]) -> Callable[[], Reg]:
+    """A backend's entry-point function from its reg factory: ``make`` runs on the first call
+    (devices are enumerated once per process) and every later call returns the same reg."""
+    lock = threading.Lock()
+    made: list[Reg] = []
+
+    @functools.wraps(make)
+    def register() -> Reg:
+        with lock:
+            if not made:
+                made.append(make())
+            return made[0]
+    return register
 
 
 _registry = Registry()

@@ -9,7 +9,7 @@ import polydev
 from polydev import (BufferUsage, Context, GGMLType, MultiBuffer, TensorAllocator,
                      alloc_ctx_tensors, alloc_ctx_tensors_size, tensor_copy, tensor_get,
                      tensor_memset, tensor_set, view_init)
-from polydev.backends.cpu import HostBuffer
+from polydev import HostArrayBuffer
 from polydev.buffer import BufferType, tensor_get_2d, tensor_set_2d
 from polydev.errors import (AllocationError, ClosedError, NotAllocatedError, OutOfBoundsError,
                             ShapeError, UnsupportedError)
@@ -94,7 +94,7 @@ def test_alloc_ctx_tensors_splits_at_max_size_and_multibuffer():
 
         def _alloc(self, size):
             self.allocs.append(size)
-            return HostBuffer(self, np.zeros(size, np.uint8))
+            return HostArrayBuffer(self, np.zeros(size, np.uint8))
 
     buft = SmallBuft()
     ctx = Context()
@@ -123,7 +123,7 @@ def test_failed_allocation_leaves_nothing_allocated():
             self.n += 1
             if self.n == 2:
                 raise MemoryError("out of memory")
-            return HostBuffer(self, np.zeros(size, np.uint8))
+            return HostArrayBuffer(self, np.zeros(size, np.uint8))
 
     ctx = Context()
     ts = [ctx.new_tensor_1d(GGMLType.F32, 20) for _ in range(2)]

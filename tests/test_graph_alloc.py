@@ -626,7 +626,7 @@ def test_random_graphs_compute_the_same_with_shared_memory(cpu):
     def run(program, seed, max_size, alignment):
         values = _values(seed)
         expected = _run_separately(cpu, program, values)
-        buft = CPUBufferType()
+        buft = CPUBufferType(cpu.device)
         buft.max_size, buft.alignment = max_size, alignment
         ctx_w, ctx = Context(), Context()
         w = ctx_w.new_tensor_2d(F32, N, N)

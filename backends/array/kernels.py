@@ -1,16 +1,16 @@
-"""The kernel table shared by the array backends, and the type rules behind supports_op.
+"""The kernel table shared by the array backends (CPU and CUDA), and its type rules.
 
-A kernel is found by its key: the op, or (Op.UNARY, UnaryOp) / (Op.GLU, GluOp). Each entry
-binds a node to zero-copy views once and returns the call that computes it; its ``accepts``
-function holds the type rules, so ``supports_op`` can never claim what the kernels cannot run.
+Each entry binds a node to zero-copy views of the backend's array namespace once (an
+``ArrayEnv``: ``backend.env``) and returns the call that computes it; its ``accepts`` function
+holds the type rules, so ``supports_op`` can never claim what the kernels cannot run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Hashable
 
-from polydev.ops import GluOp, Op, UnaryOp
+from polydev.kernels import Kernel, KernelTable
+from polydev.ops import GluOp, Op
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
@@ -20,24 +20,6 @@ from .env import needs_codec
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
 FLOATS = (F32, F16)
-
-
-@dataclass(frozen=True)
-class Kernel:
-    bind: Callable[..., Callable[[], None]]
-    accepts: Callable[[Tensor], bool]
-
-
-def kernel_key(node: Tensor) -> Hashable:
-    if node.op == Op.UNARY:
-        return (Op.UNARY, UnaryOp(node.op_params[0]))
-    if node.op == Op.GLU:
-        return (Op.GLU, GluOp(node.op_params[0]))
-    return node.op
-
-
-def key_name(key: Hashable) -> str:
-    return key[1].name if isinstance(key, tuple) else key.name
 
 
 def _types(node: Tensor, *allowed) -> bool:
@@ -115,6 +97,10 @@ def _flash_attn_ok(node: Tensor) -> bool:
     return q.type == F32 and _decodable(k) and _decodable(v) and k.ne[2] == v.ne[2]
 
 
+def _get_rows_back_ok(node: Tensor) -> bool:
+    return _src_float(node) and node.src[1].type == I32
+
+
 def _glu_ok(node: Tensor) -> bool:
     return _float_same(node) and GluOp(node.op_params[0]) in elementwise.GLU_FUNCTIONS
 
@@ -124,84 +110,70 @@ def needs_codec_any(node: Tensor) -> bool:
 
 
 KERNELS: dict[Hashable, Kernel] = {
-    Op.NONE: Kernel(lambda env, node: (lambda: None), lambda node: True),
-    Op.DUP: Kernel(movement.bind_copy, _copy_ok),
-    Op.CONT: Kernel(movement.bind_copy, _copy_ok),
-    Op.CPY: Kernel(movement.bind_copy, _copy_ok),
-    Op.ADD: Kernel(elementwise.bind_binary, _float_same),
-    Op.SUB: Kernel(elementwise.bind_binary, _float_same),
-    Op.MUL: Kernel(elementwise.bind_binary, _float_same),
-    Op.DIV: Kernel(elementwise.bind_binary, _float_same),
-    Op.SCALE: Kernel(elementwise.bind_scale, _float_same),
-    Op.SQR: Kernel(elementwise.bind_sqr, _float_same),
-    Op.SQRT: Kernel(elementwise.bind_sqrt, _float_same),
-    Op.LOG: Kernel(elementwise.bind_ufunc, _float_same),
-    Op.SIN: Kernel(elementwise.bind_ufunc, _float_same),
-    Op.COS: Kernel(elementwise.bind_ufunc, _float_same),
-    Op.CLAMP: Kernel(elementwise.bind_clamp, _float_same),
-    Op.LEAKY_RELU: Kernel(elementwise.bind_leaky_relu, _float_same),
-    Op.ADD1: Kernel(elementwise.bind_add1, _float_same),
-    Op.FILL: Kernel(elementwise.bind_fill, _float_same),
-    Op.SUM: Kernel(reduce.bind_sum, _float_same),
-    Op.SUM_ROWS: Kernel(reduce.bind_sum_rows, _float_same),
-    Op.MEAN: Kernel(reduce.bind_mean, _src_float),
-    Op.ARGMAX: Kernel(reduce.bind_argmax, _src_float),
-    Op.REPEAT: Kernel(movement.bind_repeat, lambda n: not needs_codec_any(n)),
-    Op.CONCAT: Kernel(movement.bind_concat, lambda n: not needs_codec_any(n)),
-    Op.PAD: Kernel(movement.bind_pad, _float_same),
-    Op.PAD_REFLECT_1D: Kernel(movement.bind_pad_reflect_1d, _f32_only),
-    Op.ROLL: Kernel(movement.bind_roll, _f32_only),
-    Op.ACC: Kernel(movement.bind_window, _f32_only),
-    Op.SET: Kernel(movement.bind_window, lambda n: not needs_codec_any(n)),
-    Op.UPSCALE: Kernel(resample.bind_upscale, _f32_only),
-    Op.ARANGE: Kernel(generate.bind_arange, lambda n: n.type == F32),
-    Op.TIMESTEP_EMBEDDING: Kernel(generate.bind_timestep_embedding, _f32_only),
-    Op.CUMSUM: Kernel(reduce.bind_cumsum, _f32_only),
-    Op.COUNT_EQUAL: Kernel(reduce.bind_count_equal, lambda n: n.src[0].type == I32),
-    Op.ARGSORT: Kernel(sort.bind_argsort, lambda n: n.src[0].type == F32),
-    Op.TOP_K: Kernel(sort.bind_top_k, lambda n: n.src[0].type == F32),
-    Op.NORM: Kernel(norm.bind_norm, _f32_only),
-    Op.L2_NORM: Kernel(norm.bind_l2_norm, _f32_only),
-    Op.GROUP_NORM: Kernel(norm.bind_group_norm, _f32_only),
-    Op.RMS_NORM: Kernel(norm.bind_rms_norm, _f32_only),
-    Op.MUL_MAT: Kernel(matmul.bind_mul_mat, _mul_mat_ok),
-    Op.MUL_MAT_ID: Kernel(mul_mat_id.bind_mul_mat_id, _mul_mat_ok),
-    Op.OUT_PROD: Kernel(matmul.bind_out_prod, _mul_mat_ok),
-    Op.IM2COL: Kernel(conv.bind_im2col, lambda n: n.src[1].type in FLOATS),
-    Op.CONV_2D: Kernel(conv.bind_conv_2d, _conv_ok),
-    Op.CONV_2D_DW: Kernel(conv.bind_conv_2d_dw, _conv_ok),
-    Op.CONV_TRANSPOSE_1D: Kernel(conv.bind_conv_transpose_1d, _conv_ok),
-    Op.CONV_TRANSPOSE_2D: Kernel(conv.bind_conv_transpose_2d, _conv_ok),
-    Op.POOL_1D: Kernel(conv.bind_pool_1d, _src_float),
-    Op.POOL_2D: Kernel(conv.bind_pool_2d, _src_float),
-    Op.SSM_CONV: Kernel(scan.bind_ssm_conv, _all_f32),
-    Op.SSM_SCAN: Kernel(scan.bind_ssm_scan, lambda n: all(s.type == F32 for s in n.src[:6])),
-    Op.RWKV_WKV6: Kernel(scan.bind_rwkv_wkv6, _all_f32),
-    Op.GATED_LINEAR_ATTN: Kernel(scan.bind_gated_linear_attn, _all_f32),
-    Op.GET_ROWS: Kernel(movement.bind_get_rows, _get_rows_ok),
-    Op.GET_ROWS_BACK: Kernel(movement.bind_get_rows_back,
-                             lambda n: _src_float(n) and n.src[1].type == I32),
-    Op.SET_ROWS: Kernel(movement.bind_set_rows, _set_rows_ok),
-    Op.DIAG_MASK_INF: Kernel(softmax.bind_diag_mask_inf, _f32_only),
-    Op.SOFT_MAX: Kernel(softmax.bind_soft_max, _soft_max_ok),
-    Op.ROPE: Kernel(rope.bind_rope, _rope_ok),
-    Op.FLASH_ATTN_EXT: Kernel(attention.bind_flash_attn_ext, _flash_attn_ok),
-    **{(Op.UNARY, fn): Kernel(elementwise.bind_unary, _float_same)
+    Op.DUP: Kernel(_copy_ok, movement.bind_copy),
+    Op.CONT: Kernel(_copy_ok, movement.bind_copy),
+    Op.CPY: Kernel(_copy_ok, movement.bind_copy),
+    Op.ADD: Kernel(_float_same, elementwise.bind_binary),
+    Op.SUB: Kernel(_float_same, elementwise.bind_binary),
+    Op.MUL: Kernel(_float_same, elementwise.bind_binary),
+    Op.DIV: Kernel(_float_same, elementwise.bind_binary),
+    Op.SCALE: Kernel(_float_same, elementwise.bind_scale),
+    Op.SQR: Kernel(_float_same, elementwise.bind_sqr),
+    Op.SQRT: Kernel(_float_same, elementwise.bind_sqrt),
+    Op.LOG: Kernel(_float_same, elementwise.bind_ufunc),
+    Op.SIN: Kernel(_float_same, elementwise.bind_ufunc),
+    Op.COS: Kernel(_float_same, elementwise.bind_ufunc),
+    Op.CLAMP: Kernel(_float_same, elementwise.bind_clamp),
+    Op.LEAKY_RELU: Kernel(_float_same, elementwise.bind_leaky_relu),
+    Op.ADD1: Kernel(_float_same, elementwise.bind_add1),
+    Op.FILL: Kernel(_float_same, elementwise.bind_fill),
+    Op.SUM: Kernel(_float_same, reduce.bind_sum),
+    Op.SUM_ROWS: Kernel(_float_same, reduce.bind_sum_rows),
+    Op.MEAN: Kernel(_src_float, reduce.bind_mean),
+    Op.ARGMAX: Kernel(_src_float, reduce.bind_argmax),
+    Op.REPEAT: Kernel(lambda n: not needs_codec_any(n), movement.bind_repeat),
+    Op.CONCAT: Kernel(lambda n: not needs_codec_any(n), movement.bind_concat),
+    Op.PAD: Kernel(_float_same, movement.bind_pad),
+    Op.PAD_REFLECT_1D: Kernel(_f32_only, movement.bind_pad_reflect_1d),
+    Op.ROLL: Kernel(_f32_only, movement.bind_roll),
+    Op.ACC: Kernel(_f32_only, movement.bind_window),
+    Op.SET: Kernel(lambda n: not needs_codec_any(n), movement.bind_window),
+    Op.UPSCALE: Kernel(_f32_only, resample.bind_upscale),
+    Op.ARANGE: Kernel(lambda n: n.type == F32, generate.bind_arange),
+    Op.TIMESTEP_EMBEDDING: Kernel(_f32_only, generate.bind_timestep_embedding),
+    Op.CUMSUM: Kernel(_f32_only, reduce.bind_cumsum),
+    Op.COUNT_EQUAL: Kernel(lambda n: n.src[0].type == I32, reduce.bind_count_equal),
+    Op.ARGSORT: Kernel(lambda n: n.src[0].type == F32, sort.bind_argsort),
+    Op.TOP_K: Kernel(lambda n: n.src[0].type == F32, sort.bind_top_k),
+    Op.NORM: Kernel(_f32_only, norm.bind_norm),
+    Op.L2_NORM: Kernel(_f32_only, norm.bind_l2_norm),
+    Op.GROUP_NORM: Kernel(_f32_only, norm.bind_group_norm),
+    Op.RMS_NORM: Kernel(_f32_only, norm.bind_rms_norm),
+    Op.MUL_MAT: Kernel(_mul_mat_ok, matmul.bind_mul_mat),
+    Op.MUL_MAT_ID: Kernel(_mul_mat_ok, mul_mat_id.bind_mul_mat_id),
+    Op.OUT_PROD: Kernel(_mul_mat_ok, matmul.bind_out_prod),
+    Op.IM2COL: Kernel(lambda n: n.src[1].type in FLOATS, conv.bind_im2col),
+    Op.CONV_2D: Kernel(_conv_ok, conv.bind_conv_2d),
+    Op.CONV_2D_DW: Kernel(_conv_ok, conv.bind_conv_2d_dw),
+    Op.CONV_TRANSPOSE_1D: Kernel(_conv_ok, conv.bind_conv_transpose_1d),
+    Op.CONV_TRANSPOSE_2D: Kernel(_conv_ok, conv.bind_conv_transpose_2d),
+    Op.POOL_1D: Kernel(_src_float, conv.bind_pool_1d),
+    Op.POOL_2D: Kernel(_src_float, conv.bind_pool_2d),
+    Op.SSM_CONV: Kernel(_all_f32, scan.bind_ssm_conv),
+    Op.SSM_SCAN: Kernel(lambda n: all(s.type == F32 for s in n.src[:6]), scan.bind_ssm_scan),
+    Op.RWKV_WKV6: Kernel(_all_f32, scan.bind_rwkv_wkv6),
+    Op.GATED_LINEAR_ATTN: Kernel(_all_f32, scan.bind_gated_linear_attn),
+    Op.GET_ROWS: Kernel(_get_rows_ok, movement.bind_get_rows),
+    Op.GET_ROWS_BACK: Kernel(_get_rows_back_ok, movement.bind_get_rows_back),
+    Op.SET_ROWS: Kernel(_set_rows_ok, movement.bind_set_rows),
+    Op.DIAG_MASK_INF: Kernel(_f32_only, softmax.bind_diag_mask_inf),
+    Op.SOFT_MAX: Kernel(_soft_max_ok, softmax.bind_soft_max),
+    Op.ROPE: Kernel(_rope_ok, rope.bind_rope),
+    Op.FLASH_ATTN_EXT: Kernel(_flash_attn_ok, attention.bind_flash_attn_ext),
+    **{(Op.UNARY, fn): Kernel(_float_same, elementwise.bind_unary)
        for fn in elementwise.UNARY_FUNCTIONS},
-    **{(Op.GLU, fn): Kernel(elementwise.bind_glu, _glu_ok) for fn in elementwise.GLU_FUNCTIONS},
+    **{(Op.GLU, fn): Kernel(_glu_ok, elementwise.bind_glu) for fn in elementwise.GLU_FUNCTIONS},
 }
 
-# view ops compute nothing: their memory is their source's
-for _op in (Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE):
-    KERNELS[_op] = KERNELS[Op.NONE]
-
-
-def find_kernel(node: Tensor) -> Kernel | None:
-    """The kernel that computes ``node``, or None if there is none for its op and types."""
-    k = KERNELS.get(kernel_key(node))
-    return k if k is not None and k.accepts(node) else None
-
-
-def supported_op_names() -> list[str]:
-    """The ops (unary and glu functions by their own name) this kernel table computes."""
-    return sorted({key_name(k) for k in KERNELS})
+# the array kernels bind to the backend's array namespace (numpy or CuPy views)
+TABLE = KernelTable(KERNELS, target=lambda backend: backend.env)

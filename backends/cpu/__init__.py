@@ -5,23 +5,13 @@ Registered through the ``polydev.backends`` entry point ``cpu = polydev.backends
 
 from __future__ import annotations
 
-from polydev.device import Reg
+from polydev.registry import reg_once
 
-from .backend import CPUBackend, CPUGraphPlan
-from .buffer import CPUBufferType, CPUMappedBufferType, HostBuffer
-from .device import CPUDevice
+from .backend import CPUBackend
+from .buffer import CPUBuffer, CPUBufferType, CPUMappedBufferType
+from .device import CPUDevice, make_reg
 
-_reg: Reg | None = None
+register = reg_once(make_reg)
 
-
-def register() -> Reg:
-    """The CPU reg (one per process)."""
-    global _reg
-    if _reg is None:
-        from .device import make_reg
-        _reg = make_reg()
-    return _reg
-
-
-__all__ = ["register", "CPUBackend", "CPUGraphPlan", "CPUBufferType", "CPUMappedBufferType",
-           "HostBuffer", "CPUDevice"]
+__all__ = ["register", "CPUBackend", "CPUBuffer", "CPUBufferType", "CPUMappedBufferType",
+           "CPUDevice"]

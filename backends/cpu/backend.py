@@ -1,30 +1,19 @@
-"""The CPU backend (stream): graph plans that bind each node's kernel to numpy views once.
+"""The CPU backend (stream): numpy kernels bound to zero-copy views of host buffers.
 
-Computing a plan replays the bound calls, so the per-node cost of a repeated graph is one
-Python call plus the numpy work. The backend is synchronous (caps.async_ is false).
+The runtime's graph plans bind each node's kernel once (``Backend.bind``), so the per-node
+cost of a repeated graph is one Python call plus the numpy work. The backend is synchronous
+(it overrides none of the async hooks).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Callable
+from typing import ContextManager
 
 import numpy as np
 
-from polydev.device import Backend, BoundGraphPlan
-from polydev.errors import UnsupportedOpError
-from polydev.graph import Graph
-from polydev.ops import VIEW_OPS, Op, op_desc
-from polydev.tensor import Tensor
-
-from polydev.backends.array import find_kernel
+from polydev.device import Backend
 
 from .env import NumpyEnv
-
-log = logging.getLogger(__name__)
-
-
-CPUGraphPlan = BoundGraphPlan      # the CPU backend's plans (the shared bound plan)
 
 
 class CPUBackend(Backend):
@@ -39,26 +28,8 @@ class CPUBackend(Backend):
 
     def set_n_threads(self, n_threads: int) -> None:
         """Threads numpy's BLAS may use (process-wide, as BLAS has one pool)."""
-        self.n_threads = n_threads
         self.device.set_blas_threads(n_threads)
+        self.n_threads = n_threads
 
-    def bind(self, node: Tensor) -> Callable[[], None]:
-        """The call that computes ``node`` on this backend."""
-        kernel = find_kernel(node)
-        if kernel is None:
-            types = ", ".join(f"{s.type}" for s in node.src if s is not None)
-            raise UnsupportedOpError(f"CPU has no kernel for {op_desc(node)} of {node.name!r} "
-                                     f"(result {node.type}, sources {types})")
-        return kernel.bind(self.env, node)
-
-    def _graph_plan_create(self, graph: Graph) -> CPUGraphPlan:
-        calls = [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
-        return CPUGraphPlan(graph, calls)
-
-    def _graph_plan_compute(self, plan: CPUGraphPlan) -> None:
-        with np.errstate(all="ignore"):   # -inf masks and overflowing exps are expected
-            for call in plan.calls:
-                call()
-
-    def _graph_compute(self, graph: Graph) -> None:
-        self._graph_plan_compute(self._graph_plan_create(graph))
+    def _compute_scope(self) -> ContextManager:
+        return np.errstate(all="ignore")     # -inf masks and overflowing exps are expected

@@ -8,14 +8,15 @@ import platform
 from typing import Any
 
 from polydev.buffer import Buffer, BufferType
-from polydev.device import Backend, Device, DeviceCaps, DeviceType, Reg
-from polydev.tensor import Tensor
+from polydev.device import Device, DeviceType, Reg
+from polydev.errors import InvalidArgumentError
+from polydev.kernels import KernelTable
 
-from polydev.backends.array import find_kernel, supported_op_names
+from polydev.backends.array import TABLE
 
 from .backend import CPUBackend
 from .buffer import CPUBufferType, CPUMappedBufferType
-from .weights import WeightCache, default_budget
+from .weights import WeightCache
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,13 @@ class CPUDevice(Device):
     """The "CPU" device: host memory, numpy kernels, BLAS threads."""
 
     type = DeviceType.CPU
-    caps = DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False,
-                      mmap_support=True)
+    backend_class = CPUBackend
 
     def __init__(self) -> None:
         super().__init__("CPU", cpu_model())
         self._buft = CPUBufferType(self)
         self._mapped_buft = CPUMappedBufferType(self)
-        self.weight_cache = WeightCache(default_budget(physical_memory()[1]))
+        self.weight_cache = WeightCache(lambda: physical_memory()[1] // 2)
         self._blas_limits: Any = None
 
     def memory(self) -> tuple[int, int]:
@@ -66,22 +66,21 @@ class CPUDevice(Device):
     def buffer_type(self) -> BufferType:
         return self._buft
 
-    def _init_backend(self, params: str | None) -> Backend:
-        return CPUBackend(self)
+    @property
+    def kernels(self) -> KernelTable:
+        return TABLE
 
     def _buffer_from_host_ptr(self, host: Any, max_tensor_size: int) -> Buffer:
         return self._mapped_buft.wrap(host)
 
-    def supports_op(self, op: Tensor) -> bool:
-        return find_kernel(op) is not None
-
     def supports_buft(self, buft: BufferType) -> bool:
         return buft.is_host
 
-    def supported_op_names(self) -> list[str]:
-        return supported_op_names()
-
     def set_blas_threads(self, n_threads: int) -> None:
+        """Limit numpy's BLAS to ``n_threads`` (process-wide: BLAS has one pool)."""
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise InvalidArgumentError(f"the CPU needs a positive number of threads, got "
+                                       f"{n_threads!r}")
         try:
             from threadpoolctl import threadpool_limits
         except ImportError:
@@ -96,4 +95,5 @@ def _set_n_threads(backend: CPUBackend, n_threads: int) -> None:
 
 
 def make_reg() -> Reg:
+    """The CPU reg: one device, and ggml's "set_n_threads" proc."""
     return Reg("CPU", [CPUDevice()], procs={"set_n_threads": _set_n_threads})

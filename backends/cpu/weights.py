@@ -2,21 +2,24 @@
 
 numpy has no quantized matrix product, so a quantized (or F16/BF16) weight is decoded to
 float32 once and reused by every later product, instead of being decoded on each token. Only
-tensors in WEIGHTS buffers are cached; an entry is stale as soon as its buffer's generation
-changes (every write through polydev bumps it). The cache holds at most ``budget`` bytes and
-evicts the least recently used entries; a weight larger than the budget is decoded per use.
+tensors in WEIGHTS buffers are cached. An entry is keyed by its buffer's ``uid`` (never
+reused, unlike ``id()``) and is stale as soon as the buffer's generation changes (every write
+through polydev bumps it); freeing a buffer drops its entries. The cache holds at most
+``budget`` bytes ($POLYDEV_CPU_WEIGHT_CACHE_MB, else half the physical memory) and evicts the
+least recently used entries; a weight larger than the budget is decoded per use.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from typing import Callable
 
 import numpy as np
 
+from polydev.buffer import Buffer
+from polydev.env import env_float, env_text
 from polydev.tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -24,26 +27,30 @@ log = logging.getLogger(__name__)
 BUDGET_ENV = "POLYDEV_CPU_WEIGHT_CACHE_MB"
 
 
-def default_budget(total_memory: int) -> int:
-    """Bytes the cache may hold: $POLYDEV_CPU_WEIGHT_CACHE_MB, else half the physical memory."""
-    env = os.environ.get(BUDGET_ENV)
-    if env:
-        return int(float(env) * 2**20)
-    return total_memory // 2
-
-
 class WeightCache:
     """LRU cache of decoded weights keyed by where their bytes are."""
 
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
+    def __init__(self, default_budget: Callable[[], int]) -> None:
+        self._default_budget = default_budget
+        self._budget: int | None = None
         self.nbytes = 0
         self._entries: OrderedDict[tuple, tuple[int, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
 
+    @property
+    def budget(self) -> int:
+        """Bytes the cache may hold, read from the environment on first use."""
+        if self._budget is None:
+            if env_text(BUDGET_ENV) is None:
+                self._budget = self._default_budget()
+            else:
+                self._budget = int(env_float(BUDGET_ENV, 0.0, minimum=0.0) * 2**20)
+        return self._budget
+
     def get(self, t: Tensor, decode: Callable[[], np.ndarray]) -> np.ndarray:
+        """``t``'s decoded values: cached while its buffer is unchanged, else ``decode()``."""
         buf = t.buffer
-        key = (id(buf), t.offset, t.type, t.ne, t.nb)
+        key = (buf.uid, t.offset, t.type, t.ne, t.nb)
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None and hit[0] == buf.generation:
@@ -53,22 +60,30 @@ class WeightCache:
         self._store(key, buf.generation, values)
         return values
 
+    def forget(self, buffer: Buffer) -> None:
+        """Drop every entry of ``buffer`` (it is being freed)."""
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == buffer.uid]:
+                self.nbytes -= self._entries.pop(key)[1].nbytes
+
     def _store(self, key: tuple, generation: int, values: np.ndarray) -> None:
+        budget = self.budget
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self.nbytes -= old[1].nbytes
-            if values.nbytes > self.budget:
+            if values.nbytes > budget:
                 log.debug("weight of %d bytes exceeds the cache budget; decoded per use",
                           values.nbytes)
                 return
-            while self.nbytes + values.nbytes > self.budget and self._entries:
+            while self.nbytes + values.nbytes > budget and self._entries:
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self.nbytes -= evicted.nbytes
             self._entries[key] = (generation, values)
             self.nbytes += values.nbytes
 
     def clear(self) -> None:
+        """Drop every entry."""
         with self._lock:
             self._entries.clear()
             self.nbytes = 0

@@ -8,19 +8,11 @@ driver, or without a GPU, the reg has no devices and says why (``polydev devices
 from __future__ import annotations
 
 from polydev.device import Reg
-
-_reg: Reg | None = None
-
-
-def register() -> Reg:
-    """The CUDA reg (one per process; GPUs are enumerated once)."""
-    global _reg
-    if _reg is None:
-        _reg = _make_reg()
-    return _reg
+from polydev.registry import reg_once
 
 
 def _make_reg() -> Reg:
+    """One device per GPU the CUDA driver shows, or the reason for none."""
     try:
         import cupy
     except Exception as e:       # not installed, or one of its CUDA libraries failed to load
@@ -38,5 +30,7 @@ def _make_reg() -> Reg:
         devices.append(CUDADevice(index, cupy, devices))
     return Reg("CUDA", devices)
 
+
+register = reg_once(_make_reg)
 
 __all__ = ["register"]

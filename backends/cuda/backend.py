@@ -9,21 +9,20 @@ destination's stream waits for an event recorded after it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
-from polydev.buffer import tensor_get, tensor_set
-from polydev.device import Backend, BoundGraphPlan, Event
-from polydev.errors import OutOfBoundsError, UnsupportedOpError
-from polydev.graph import Graph
-from polydev.ops import VIEW_OPS, Op, op_desc
+from polydev.buffer import as_bytes, tensor_get, tensor_set
+from polydev.device import Backend, Event
+from polydev.errors import OutOfBoundsError
 from polydev.tensor import Tensor
 
 from .buffer import CUDABuffer
-from .device import CUDADevice
 from .env import CupyEnv
-from .kernels import find_kernel
+
+if TYPE_CHECKING:
+    from .device import CUDADevice
 
 
 class CUDAEvent(Event):
@@ -65,6 +64,9 @@ class CUDABackend(Backend):
         with self.cupy.cuda.Device(self.device.index), self.stream:
             yield
 
+    def _compute_scope(self) -> ContextManager:
+        return self.on_stream()       # binding may upload small tables: on this stream too
+
     # --- Launcher (binders.py) ------------------------------------------------------------------
 
     def address(self, t: Tensor) -> int:
@@ -100,8 +102,7 @@ class CUDABackend(Backend):
             self.synchronize()
             tensor_set(t, data, offset)
             return
-        raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else \
-            np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        raw = as_bytes(data)
         with self.cupy.cuda.Device(self.device.index):
             (buf.memptr + t.offset + offset).copy_from_host_async(raw.ctypes.data, raw.nbytes,
                                                                   self.stream)
@@ -163,43 +164,14 @@ class CUDABackend(Backend):
                 f"{self.name}: a GET_ROWS or MUL_MAT_ID index was outside its tensor; the "
                 f"rows it named hold NaN")
 
-    # --- compute --------------------------------------------------------------------------------
-
-    def bind(self, node: Tensor) -> Callable[[], None]:
-        """The call that queues ``node``'s kernel on this stream (bound once)."""
-        kernel = find_kernel(node)
-        if kernel is None:
-            types = ", ".join(f"{s.type}" for s in node.src if s is not None)
-            raise UnsupportedOpError(f"{self.name} has no kernel for {op_desc(node)} of "
-                                     f"{node.name!r} (result {node.type}, sources {types})")
-        return kernel.bind(self, node)
-
-    def _graph_plan_create(self, graph: Graph) -> BoundGraphPlan:
-        with self.on_stream():        # binding may upload small tables (on this stream)
-            calls = [self.bind(n) for n in graph.nodes
-                     if n.op not in VIEW_OPS and n.op != Op.NONE]
-        return BoundGraphPlan(graph, calls)
-
-    def _graph_plan_compute(self, plan: BoundGraphPlan) -> None:
-        with self.on_stream():
-            for call in plan.calls:
-                call()
-
-    def _graph_compute(self, graph: Graph) -> None:
-        self._graph_plan_compute(self._graph_plan_create(graph))
-
     # --- events ---------------------------------------------------------------------------------
 
     def _event_record(self, event: Event) -> None:
         with self.cupy.cuda.Device(self.device.index):
             event.cuda_event.record(self.stream)
 
-    def _event_wait(self, event: Event) -> None:
-        cuda_event = getattr(event, "cuda_event", None)
-        if cuda_event is None:              # an event of another vendor: the host waits
-            event.synchronize()
-            return
-        self.stream.wait_event(cuda_event)
+    def _event_wait(self, event: CUDAEvent) -> None:
+        self.stream.wait_event(event.cuda_event)
 
     def _free(self) -> None:
         self.stream.synchronize()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polydev.buffer import Buffer, BufferType
+from polydev.buffer import Buffer, BufferType, HostArrayBuffer
 from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 
@@ -71,44 +71,23 @@ class CUDABuffer(Buffer):
         self.memptr = None         # back to CuPy's pool (its free bytes count as free memory)
 
 
-class CUDAHostBuffer(Buffer):
+class CUDAHostBuffer(HostArrayBuffer):
     """Pinned host memory: the host reads and writes it as a numpy array; copies between it
     and a GPU run at full speed and truly asynchronously. On an integrated GPU the device
     reads it in place (``memptr``)."""
 
     def __init__(self, buft: BufferType, size: int, pinned: Any, device: "CUDADevice") -> None:
-        super().__init__(buft, size)
+        super().__init__(buft, np.ndarray((size,), dtype=np.uint8, buffer=pinned))
         self._pinned = pinned
-        self._array = np.ndarray((size,), dtype=np.uint8, buffer=pinned)
         self.device = device
         self.memptr = device.mapped_host_pointer(pinned, size) if device.integrated else None
         self.ptr = int(pinned.ptr)
 
-    def _set(self, t: Tensor, data: np.ndarray, offset: int) -> None:
-        self.device.reg_idle()
-        start = t.offset + offset
-        self._array[start:start + data.size] = data
-
-    def _get(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        self.device.reg_idle()
-        start = t.offset + offset
-        out[...] = self._array[start:start + out.size]
-
-    def _memset(self, t: Tensor, value: int, offset: int, size: int) -> None:
-        self.device.reg_idle()
-        start = t.offset + offset
-        self._array[start:start + size] = value
-
-    def _clear(self, value: int) -> None:
-        self.device.reg_idle()
-        self._array.fill(value)
-
-    def _host_array(self) -> np.ndarray:
-        return self._array
+    def _wait(self) -> None:
+        self.device.reg_idle()     # any GPU's stream may be copying from or into these pages
 
     def _free(self) -> None:
-        self.device.reg_idle()
-        self._array = None
+        super()._free()
         self.memptr = None
         self._pinned = None       # back to CuPy's pinned pool
 

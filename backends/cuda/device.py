@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from typing import Any, Iterator
 
 from polydev.buffer import BufferType
-from polydev.device import Backend, Device, DeviceCaps, DeviceType, Event
+from polydev.device import Device, DeviceType, Event
+from polydev.env import env_int
+from polydev.kernels import KernelTable
 from polydev.ops import Op
 from polydev.tensor import Tensor
 
+from .backend import CUDABackend, CUDAEvent
 from .buffer import CUDABufferType, CUDAHostBufferType
-from .kernels import find_kernel, supported_op_names
+from .kernels import TABLE
 from .programs import KernelModule
 
 OFFLOAD_MIN_BATCH_ENV = "POLYDEV_OP_OFFLOAD_MIN_BATCH"
@@ -34,8 +36,7 @@ def op_batch_size(op: Tensor) -> int:
 class CUDADevice(Device):
     """One GPU ("CUDA0"), as CuPy sees it."""
 
-    caps = DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True,
-                      mmap_support=False)
+    backend_class = CUDABackend
 
     def __init__(self, index: int, cupy: Any, siblings: list["CUDADevice"]) -> None:
         props = cupy.cuda.runtime.getDeviceProperties(index)
@@ -47,7 +48,6 @@ class CUDADevice(Device):
         self.integrated = bool(props.get("integrated", 0))
         self.type = DeviceType.IGPU if self.integrated else DeviceType.GPU
         self.compute_capability = f"{props.get('major', 0)}.{props.get('minor', 0)}"
-        self.offload_min_batch = int(os.environ.get(OFFLOAD_MIN_BATCH_ENV, "32"))
         self.siblings = siblings          # every CUDA device of the reg, this one included
         self._buft = CUDABufferType(self)
         # one pinned host buffer type for all GPUs, owned by the first (ggml's is a singleton)
@@ -115,8 +115,7 @@ class CUDADevice(Device):
     def buffer_type(self) -> BufferType:
         return self._buft
 
-    @property
-    def host_buffer_type(self) -> BufferType:
+    def _host_buffer_type(self) -> BufferType:
         return self._host_buft
 
     def supports_buft(self, buft: BufferType) -> bool:
@@ -127,21 +126,19 @@ class CUDADevice(Device):
 
     # --- compute ------------------------------------------------------------------------------
 
-    def supports_op(self, op: Tensor) -> bool:
-        return find_kernel(op) is not None
+    @property
+    def kernels(self) -> KernelTable:
+        return TABLE
 
-    def supported_op_names(self) -> list[str]:
-        return supported_op_names()
+    @property
+    def offload_min_batch(self) -> int:
+        """ggml's op_offload_min_batch_size: $POLYDEV_OP_OFFLOAD_MIN_BATCH, default 32."""
+        return env_int(OFFLOAD_MIN_BATCH_ENV, 32, minimum=0)
 
     def offload_op(self, op: Tensor) -> bool:
         """Worth copying weights from the host for: a batch of POLYDEV_OP_OFFLOAD_MIN_BATCH
         (32) or more, never GET_ROWS."""
         return op_batch_size(op) >= self.offload_min_batch
 
-    def _init_backend(self, params: str | None) -> Backend:
-        from .backend import CUDABackend
-        return CUDABackend(self)
-
     def _event_new(self) -> Event:
-        from .backend import CUDAEvent
         return CUDAEvent(self)

@@ -7,24 +7,12 @@ without an OpenCL platform, the reg has no devices and says why (``polydev devic
 
 from __future__ import annotations
 
-import logging
-
 from polydev.device import Reg
-
-log = logging.getLogger(__name__)
-
-_reg: Reg | None = None
-
-
-def register() -> Reg:
-    """The OpenCL reg (one per process; devices are enumerated once)."""
-    global _reg
-    if _reg is None:
-        _reg = _make_reg()
-    return _reg
+from polydev.registry import reg_once
 
 
 def _make_reg() -> Reg:
+    """One device per selected device of every OpenCL platform, or the reason for none."""
     try:
         import pyopencl as cl
     except Exception as e:       # not installed, or its ICD loader is broken
@@ -36,5 +24,7 @@ def _make_reg() -> Reg:
     devices = [OpenCLDevice(i, ctx, dev) for i, (ctx, dev) in enumerate(found)]
     return Reg("OpenCL", devices, unavailable_reason=reason)
 
+
+register = reg_once(_make_reg)
 
 __all__ = ["register"]

@@ -7,20 +7,19 @@ destination's queue waits for it with a barrier; events are markers.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from polydev.buffer import tensor_get, tensor_set
-from polydev.device import Backend, BoundGraphPlan, Event
-from polydev.errors import OutOfBoundsError, UnsupportedOpError
-from polydev.graph import Graph
-from polydev.ops import VIEW_OPS, Op, op_desc
+from polydev.buffer import as_bytes, tensor_get, tensor_set
+from polydev.device import Backend, Event
+from polydev.errors import OutOfBoundsError
 from polydev.tensor import Tensor
 
-from .buffer import OpenCLBuffer
-from .device import OpenCLDevice
-from .kernels import find_kernel
+from .buffer import cl_memory
+
+if TYPE_CHECKING:
+    from .device import OpenCLDevice
 
 
 class OpenCLEvent(Event):
@@ -57,10 +56,7 @@ class OpenCLBackend(Backend):
     # --- data movement --------------------------------------------------------------------------
 
     def _cl_buffer(self, t: Tensor):
-        buf = t.buffer
-        if isinstance(buf, OpenCLBuffer) and buf.device.platform is self.device.platform:
-            return buf.cl_buffer
-        return None
+        return cl_memory(t.buffer, self.device.platform)
 
     def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
         target = self._cl_buffer(t)
@@ -68,8 +64,7 @@ class OpenCLBackend(Backend):
             self.synchronize()
             tensor_set(t, data, offset)
             return
-        raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else \
-            np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        raw = as_bytes(data)
         self._in_flight.append(self.device.cl.enqueue_copy(
             self.queue, target, raw, dst_offset=t.offset + offset, is_blocking=False))
         t.buffer.mark_modified()
@@ -87,11 +82,10 @@ class OpenCLBackend(Backend):
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
         """Device to device within one context: the copy runs on the source's queue, after
         its work; this queue waits for it."""
-        if not isinstance(backend_src, OpenCLBackend) or \
-                backend_src.device.platform is not self.device.platform:
-            return False
+        same_context = (isinstance(backend_src, OpenCLBackend)
+                        and backend_src.device.platform is self.device.platform)
         s, d = self._cl_buffer(src), self._cl_buffer(dst)
-        if s is None or d is None:
+        if not same_context or s is None or d is None:
             return False
         cl = self.device.cl
         done = cl.enqueue_copy(backend_src.queue, d, s, byte_count=src.nbytes,
@@ -122,43 +116,18 @@ class OpenCLBackend(Backend):
                 f"{self.name}: a GET_ROWS, SET_ROWS or MUL_MAT_ID index was outside its "
                 f"tensor; the rows it named hold NaN (reads) or were not written (writes)")
 
-    # --- compute --------------------------------------------------------------------------------
-
-    def bind(self, node: Tensor) -> Callable[[], None]:
-        """The call that enqueues ``node``'s kernel (arguments set once)."""
-        kernel = find_kernel(node)
-        if kernel is None:
-            types = ", ".join(f"{s.type}" for s in node.src if s is not None)
-            raise UnsupportedOpError(f"{self.name} has no kernel for {op_desc(node)} of "
-                                     f"{node.name!r} (result {node.type}, sources {types})")
-        return kernel.bind(self, node)
-
-    def _graph_plan_create(self, graph: Graph) -> BoundGraphPlan:
-        calls = [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
-        return BoundGraphPlan(graph, calls)
-
-    def _graph_plan_compute(self, plan: BoundGraphPlan) -> None:
-        for call in plan.calls:
-            call()
-
-    def _graph_compute(self, graph: Graph) -> None:
-        self._graph_plan_compute(self._graph_plan_create(graph))
-
     # --- events ---------------------------------------------------------------------------------
 
     def _event_record(self, event: Event) -> None:
         event.marker = self.device.cl.enqueue_marker(self.queue)
 
-    def _event_wait(self, event: Event) -> None:
-        marker = getattr(event, "marker", None)
-        if marker is None:
+    def _event_wait(self, event: OpenCLEvent) -> None:
+        if event.marker is None:            # never recorded: nothing to wait for
             return
-        same_context = isinstance(event.device, OpenCLDevice) and \
-            event.device.platform is self.device.platform
-        if same_context:
-            self.device.cl.enqueue_barrier(self.queue, wait_for=[marker])
+        if event.device.platform is self.device.platform:
+            self.device.cl.enqueue_barrier(self.queue, wait_for=[event.marker])
         else:                 # events cannot cross contexts: the host waits instead
-            marker.wait()
+            event.marker.wait()
 
     def _free(self) -> None:
         self.queue.finish()

@@ -11,20 +11,35 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polydev.buffer import Buffer, BufferType, wrap_host_memory
+from polydev.buffer import Buffer, BufferType, HostArrayBuffer, wrap_host_memory
 from polydev.errors import AllocationError, UnsupportedError
 from polydev.tensor import Tensor
 
 if TYPE_CHECKING:
     from .device import OpenCLDevice
+    from .platform import PlatformContext
 
 
-class OpenCLBuffer(Buffer):
+class CLMemory:
+    """What kernels and copies need of any OpenCL buffer: its cl.Buffer and its device."""
+
+    cl_buffer: Any
+    device: "OpenCLDevice"
+
+
+def cl_memory(buf: Buffer | None, platform: "PlatformContext") -> Any:
+    """The cl.Buffer of ``buf`` where it is OpenCL memory of ``platform``'s context, else None."""
+    if isinstance(buf, CLMemory) and buf.device.platform is platform:
+        return buf.cl_buffer
+    return None
+
+
+class OpenCLBuffer(CLMemory, Buffer):
     """Device memory: one cl.Buffer; reads and writes go through the device's transfer queue."""
 
     def __init__(self, buft: BufferType, size: int, cl_buffer: Any, device: "OpenCLDevice",
                  accounted: bool = True, writable: bool = True) -> None:
-        super().__init__(buft, size)
+        Buffer.__init__(self, buft, size)
         self.cl_buffer = cl_buffer
         self.device = device
         self._accounted = accounted
@@ -62,13 +77,11 @@ class OpenCLBuffer(Buffer):
 
     def _cpy(self, src: Tensor, dst: Tensor) -> bool:
         """A device-side copy when the source is OpenCL memory of the same context."""
-        sbuf = src.buffer
-        if not isinstance(sbuf, OpenCLBuffer) or \
-                sbuf.device.platform is not self.device.platform:
+        source = cl_memory(src.buffer, self.device.platform)
+        if source is None:
             return False
-        self._cl.enqueue_copy(self._queue(), self.cl_buffer, sbuf.cl_buffer,
-                              byte_count=src.nbytes, src_offset=src.offset,
-                              dst_offset=dst.offset).wait()
+        self._cl.enqueue_copy(self._queue(), self.cl_buffer, source, byte_count=src.nbytes,
+                              src_offset=src.offset, dst_offset=dst.offset).wait()
         return True
 
     def _free(self) -> None:
@@ -79,37 +92,25 @@ class OpenCLBuffer(Buffer):
             self.device.account(-self.size)
 
 
-class OpenCLHostBuffer(OpenCLBuffer):
+class OpenCLHostBuffer(CLMemory, HostArrayBuffer):
     """Pinned host memory (ALLOC_HOST_PTR), mapped once: the host reads and writes it as a
     numpy array, and copies to device buffers come from pinned pages."""
 
-    def __init__(self, buft: BufferType, size: int, cl_buffer: Any, device: "OpenCLDevice",
+    def __init__(self, buft: BufferType, cl_buffer: Any, device: "OpenCLDevice",
                  mapped: np.ndarray) -> None:
-        super().__init__(buft, size, cl_buffer, device, accounted=False)
-        self._array = mapped
+        HostArrayBuffer.__init__(self, buft, mapped)
+        self.cl_buffer = cl_buffer
+        self.device = device
 
-    def _set(self, t: Tensor, data: np.ndarray, offset: int) -> None:
-        self.device.platform.finish_all()
-        start = t.offset + offset
-        self._array[start:start + data.size] = data
-
-    def _get(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        self.device.platform.finish_all()
-        start = t.offset + offset
-        out[...] = self._array[start:start + out.size]
-
-    def _fill(self, value: int, offset: int, size: int) -> None:
-        self.device.platform.finish_all()
-        self._array[offset:offset + size] = value
-
-    def _host_array(self) -> np.ndarray:
-        return self._array
+    def _wait(self) -> None:
+        self.device.platform.finish_all()    # kernels and copies of any queue may use it
 
     def _free(self) -> None:
-        self.device.platform.finish_all()
-        self._array.base.release(self.device.transfer_queue)
-        self._array = None
+        mapping = self._array.base
         super()._free()
+        mapping.release(self.device.transfer_queue)
+        self.cl_buffer.release()
+        self.cl_buffer = None
 
 
 class OpenCLBufferType(BufferType):
@@ -150,7 +151,7 @@ class OpenCLHostBufferType(BufferType):
         except cl.Error as e:
             raise AllocationError(f"{self.name}: cannot allocate {size / 2**20:.2f} MiB of "
                                   f"pinned memory: {e}") from None
-        return OpenCLHostBuffer(self, size, buf, dev, mapped)
+        return OpenCLHostBuffer(self, buf, dev, mapped)
 
 
 class OpenCLMappedBufferType(BufferType):

@@ -6,11 +6,12 @@ import threading
 from typing import Any
 
 from polydev.buffer import Buffer, BufferType
-from polydev.device import Backend, Device, DeviceCaps, DeviceType, Event
-from polydev.tensor import Tensor
+from polydev.device import Device, DeviceType, Event
+from polydev.kernels import KernelTable
 
+from .backend import OpenCLBackend, OpenCLEvent
 from .buffer import OpenCLBufferType, OpenCLHostBufferType, OpenCLMappedBufferType
-from .kernels import find_kernel, supported_op_names
+from .kernels import TABLE
 from .platform import PlatformContext
 from .programs import ProgramCache
 
@@ -30,8 +31,7 @@ def device_type(cl: Any, dev: Any) -> DeviceType:
 class OpenCLDevice(Device):
     """One OpenCL device ("OpenCL0"); its platform's context is shared with its siblings."""
 
-    caps = DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=True, events=True,
-                      mmap_support=True)
+    backend_class = OpenCLBackend
 
     def __init__(self, index: int, platform: PlatformContext, cl_device: Any) -> None:
         cl = platform.cl
@@ -99,8 +99,7 @@ class OpenCLDevice(Device):
     def buffer_type(self) -> BufferType:
         return self._buft
 
-    @property
-    def host_buffer_type(self) -> BufferType:
+    def _host_buffer_type(self) -> BufferType:
         return self._host_buft
 
     def _buffer_from_host_ptr(self, host: Any, max_tensor_size: int) -> Buffer:
@@ -116,16 +115,9 @@ class OpenCLDevice(Device):
 
     # --- compute -------------------------------------------------------------------------------
 
-    def supports_op(self, op: Tensor) -> bool:
-        return find_kernel(op) is not None
-
-    def supported_op_names(self) -> list[str]:
-        return supported_op_names()
-
-    def _init_backend(self, params: str | None) -> Backend:
-        from .backend import OpenCLBackend
-        return OpenCLBackend(self)
+    @property
+    def kernels(self) -> KernelTable:
+        return TABLE
 
     def _event_new(self) -> Event:
-        from .backend import OpenCLEvent
         return OpenCLEvent(self)

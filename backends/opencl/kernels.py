@@ -7,10 +7,10 @@ cannot run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Hashable
+from typing import Hashable
 
-from polydev.ops import VIEW_OPS, GluOp, Op, RopeMode, UnaryOp
+from polydev.kernels import Kernel, KernelTable
+from polydev.ops import GluOp, Op, RopeMode
 from polydev.tensor import Tensor
 
 from .binders import (bind_arange, bind_argmax, bind_argsort, bind_binary, bind_concat,
@@ -21,16 +21,6 @@ from .binders import (bind_arange, bind_argmax, bind_argsort, bind_binary, bind_
                       bind_sum_rows, bind_timestep_embedding, bind_unary)
 from .types import (ENCODABLE, F16, F32, FLASH_ATTN_MAX_DV, FLOATS, I32, I64, MATMUL_WEIGHTS,
                     ONE_SOURCE_OPS, QUANT_NAMES, UNARY_FUNCTIONS)
-
-if TYPE_CHECKING:
-    from .backend import OpenCLBackend
-
-
-@dataclass(frozen=True)
-class CLKernel:
-    accepts: Callable[[Tensor], bool]
-    bind: Callable[["OpenCLBackend", Tensor], Callable[[], None]]
-
 
 # --- type rules ---------------------------------------------------------------------------------
 
@@ -106,63 +96,41 @@ def _flash_attn_ok(node: Tensor) -> bool:
         and (sinks is None or sinks.type == F32) and v.ne[0] <= FLASH_ATTN_MAX_DV
 
 
-def _nothing(backend, node: Tensor) -> Callable[[], None]:
-    return lambda: None
-
-
-KERNELS: dict[Hashable, CLKernel] = {
-    Op.NONE: CLKernel(lambda n: True, _nothing),
-    **{op: CLKernel(lambda n: True, _nothing) for op in VIEW_OPS},
-    **{(Op.UNARY, fn): CLKernel(_float_ops, bind_unary) for fn in UNARY_FUNCTIONS},
-    **{op: CLKernel(_float_ops, bind_unary) for op in ONE_SOURCE_OPS},
-    **{op: CLKernel(_float_ops, bind_binary) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV)},
-    **{(Op.GLU, fn): CLKernel(_float_ops, bind_glu) for fn in GluOp},
-    **{op: CLKernel(_copy_ok, bind_copy) for op in (Op.DUP, Op.CPY, Op.CONT)},
-    Op.REPEAT: CLKernel(_float_ops, bind_repeat),
-    Op.CONCAT: CLKernel(_float_ops, bind_concat),
-    Op.DIAG_MASK_INF: CLKernel(_f32_rows, bind_diag_mask_inf),
-    Op.SUM_ROWS: CLKernel(_float_ops, bind_sum_rows),
-    Op.MEAN: CLKernel(lambda n: n.src[0].type in FLOATS and n.type == F32, bind_sum_rows),
-    Op.SUM: CLKernel(_float_ops, bind_sum),
-    Op.ARGMAX: CLKernel(lambda n: n.src[0].type == F32, bind_argmax),
-    Op.NORM: CLKernel(_f32_rows, bind_norm),
-    Op.RMS_NORM: CLKernel(_f32_rows, bind_norm),
-    Op.L2_NORM: CLKernel(_f32_rows, bind_norm),
-    Op.ADD1: CLKernel(_float_ops, bind_binary),
-    Op.MUL_MAT_ID: CLKernel(_mul_mat_id_ok, bind_mul_mat_id),
-    Op.ARGSORT: CLKernel(lambda n: n.src[0].type == F32, bind_argsort),
-    Op.TOP_K: CLKernel(lambda n: n.src[0].type == F32, bind_argsort),
-    Op.CUMSUM: CLKernel(_f32_rows, bind_cumsum),
-    Op.PAD: CLKernel(_float_ops, bind_pad),
-    Op.ARANGE: CLKernel(lambda n: n.type == F32, bind_arange),
-    Op.GROUP_NORM: CLKernel(_f32_rows, bind_group_norm),
-    Op.SSM_CONV: CLKernel(lambda n: _all(n, (F32,)), bind_ssm_conv),
-    Op.ROLL: CLKernel(_float_ops, bind_roll),
-    Op.PAD_REFLECT_1D: CLKernel(_f32_rows, bind_pad_reflect_1d),
-    Op.TIMESTEP_EMBEDDING: CLKernel(_f32_rows, bind_timestep_embedding),
-    Op.FLASH_ATTN_EXT: CLKernel(_flash_attn_ok, bind_flash_attn_ext),
-    Op.SOFT_MAX: CLKernel(_soft_max_ok, bind_soft_max),
-    Op.ROPE: CLKernel(_rope_ok, bind_rope),
-    Op.GET_ROWS: CLKernel(_get_rows_ok, bind_get_rows),
-    Op.SET_ROWS: CLKernel(_set_rows_ok, bind_set_rows),
-    Op.MUL_MAT: CLKernel(_mul_mat_ok, bind_mul_mat),
+KERNELS: dict[Hashable, Kernel] = {
+    **{(Op.UNARY, fn): Kernel(_float_ops, bind_unary) for fn in UNARY_FUNCTIONS},
+    **{op: Kernel(_float_ops, bind_unary) for op in ONE_SOURCE_OPS},
+    **{op: Kernel(_float_ops, bind_binary) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV)},
+    **{(Op.GLU, fn): Kernel(_float_ops, bind_glu) for fn in GluOp},
+    **{op: Kernel(_copy_ok, bind_copy) for op in (Op.DUP, Op.CPY, Op.CONT)},
+    Op.REPEAT: Kernel(_float_ops, bind_repeat),
+    Op.CONCAT: Kernel(_float_ops, bind_concat),
+    Op.DIAG_MASK_INF: Kernel(_f32_rows, bind_diag_mask_inf),
+    Op.SUM_ROWS: Kernel(_float_ops, bind_sum_rows),
+    Op.MEAN: Kernel(lambda n: n.src[0].type in FLOATS and n.type == F32, bind_sum_rows),
+    Op.SUM: Kernel(_float_ops, bind_sum),
+    Op.ARGMAX: Kernel(lambda n: n.src[0].type == F32, bind_argmax),
+    Op.NORM: Kernel(_f32_rows, bind_norm),
+    Op.RMS_NORM: Kernel(_f32_rows, bind_norm),
+    Op.L2_NORM: Kernel(_f32_rows, bind_norm),
+    Op.ADD1: Kernel(_float_ops, bind_binary),
+    Op.MUL_MAT_ID: Kernel(_mul_mat_id_ok, bind_mul_mat_id),
+    Op.ARGSORT: Kernel(lambda n: n.src[0].type == F32, bind_argsort),
+    Op.TOP_K: Kernel(lambda n: n.src[0].type == F32, bind_argsort),
+    Op.CUMSUM: Kernel(_f32_rows, bind_cumsum),
+    Op.PAD: Kernel(_float_ops, bind_pad),
+    Op.ARANGE: Kernel(lambda n: n.type == F32, bind_arange),
+    Op.GROUP_NORM: Kernel(_f32_rows, bind_group_norm),
+    Op.SSM_CONV: Kernel(lambda n: _all(n, (F32,)), bind_ssm_conv),
+    Op.ROLL: Kernel(_float_ops, bind_roll),
+    Op.PAD_REFLECT_1D: Kernel(_f32_rows, bind_pad_reflect_1d),
+    Op.TIMESTEP_EMBEDDING: Kernel(_f32_rows, bind_timestep_embedding),
+    Op.FLASH_ATTN_EXT: Kernel(_flash_attn_ok, bind_flash_attn_ext),
+    Op.SOFT_MAX: Kernel(_soft_max_ok, bind_soft_max),
+    Op.ROPE: Kernel(_rope_ok, bind_rope),
+    Op.GET_ROWS: Kernel(_get_rows_ok, bind_get_rows),
+    Op.SET_ROWS: Kernel(_set_rows_ok, bind_set_rows),
+    Op.MUL_MAT: Kernel(_mul_mat_ok, bind_mul_mat),
 }
 
 
-def kernel_key(node: Tensor) -> Hashable:
-    if node.op == Op.UNARY:
-        return (Op.UNARY, UnaryOp(node.op_params[0]))
-    if node.op == Op.GLU:
-        return (Op.GLU, GluOp(node.op_params[0]))
-    return node.op
-
-
-def find_kernel(node: Tensor) -> CLKernel | None:
-    """The kernel computing ``node``, or None where the table has none for its op and types."""
-    k = KERNELS.get(kernel_key(node))
-    return k if k is not None and k.accepts(node) else None
-
-
-def supported_op_names() -> list[str]:
-    """The ops (unary and glu functions by their own name) of this kernel table."""
-    return sorted({key[1].name if isinstance(key, tuple) else key.name for key in KERNELS})
+TABLE = KernelTable(KERNELS)
