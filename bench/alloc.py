@@ -166,8 +166,8 @@ def liveness_bound(graph: Graph, in_place: bool = False) -> int:
         for i, node in enumerate(graph.nodes):
             if node.op in INPLACE_OPS and node.view_src is None:
                 for src in node.src:
-                    if src is not None and owner(src) is src and last[id(src)] == i and \
-                            src.same_layout(node) and not src.flags & TensorFlag.OUTPUT:
+                    if (src is not None and owner(src) is src and last[id(src)] == i and
+                            src.same_layout(node) and not src.flags & TensorFlag.OUTPUT):
                         last[id(src)] = i - 1
                         break
     delta = np.zeros(len(graph.nodes) + 2, dtype=np.int64)

@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not figures")
     args = p.parse_args(argv)
     figures = run_benchmarks(args.quick)
-    machine = f"{cpu_model()}, numpy {np.__version__}, devices: " + \
-        ", ".join(d.name for d in polydev.devices())
+    machine = (f"{cpu_model()}, numpy {np.__version__}, devices: " +
+        ", ".join(d.name for d in polydev.devices()))
     if args.json:
         print(json.dumps({"bench": "cpu_ops", "machine": machine, "figures": figures}, indent=2))
         return 0

@@ -166,14 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     with device.init_backend() as backend:
         timer = GPUTimer(backend.cupy, backend.stream, 3 if args.quick else 7)
         copy_gbs = copy_bandwidth(backend, timer, args.quick)
-        figures = gemm_figures(device, backend, timer, args.quick) \
-            + mat_vec_figures(device, backend, timer, copy_gbs, args.quick) \
-            + batched_quant_figures(device, backend, timer, args.quick)
+        figures = (gemm_figures(device, backend, timer, args.quick)
+            + mat_vec_figures(device, backend, timer, copy_gbs, args.quick)
+            + batched_quant_figures(device, backend, timer, args.quick))
     figures.append({"name": "device-to-device copy (read + written bytes)",
                     "value": round(copy_gbs), "unit": "GB/s", "target": None,
                     "better": "higher"})
-    machine = f"{polydev.device('CPU').description}; {device.description} " \
-              f"(compute capability {device.compute_capability})"
+    machine = (f"{polydev.device('CPU').description}; {device.description} "
+              f"(compute capability {device.compute_capability})")
     print_figures("cuda_ops", machine, figures, args.json)
     return 0
 

@@ -71,8 +71,8 @@ def transfer_figures(devices, quick: bool) -> list[dict]:
     p = pinned_ctx.new_tensor(GGMLType.I8, (COPY_BYTES,))
     out = np.empty_like(data)
     figures = []
-    with alloc_ctx_tensors(ctx, dev.buffer_type), \
-            alloc_ctx_tensors(pinned_ctx, dev.host_buffer_type):
+    with (alloc_ctx_tensors(ctx, dev.buffer_type),
+            alloc_ctx_tensors(pinned_ctx, dev.host_buffer_type)):
         p.set_data(data)
         rows = [("host to device, pageable numpy", lambda: t.set_data(data)),
                 ("host to device, pinned host buffer", lambda: tensor_copy(p, t)),

@@ -488,8 +488,8 @@ class GraphAllocator:
         """Give allocator ``a`` chunk buffers of at least ``sizes`` (reallocating if any
         chunk must grow; a type with no tensors still gets an empty list, as views need it)."""
         old = self._chunks[a]
-        if old is not None and len(sizes) <= len(old) and \
-                all(n <= b.size for n, b in zip(sizes, old)):
+        if (old is not None and len(sizes) <= len(old) and
+                all(n <= b.size for n, b in zip(sizes, old))):
             return
         buft = self._distinct_bufts[a]
         if old:

@@ -130,8 +130,8 @@ class ChunkAllocator:
                 continue
             # >= 0: fits under the high-water mark with `reuse` bytes to spare; < 0: must grow
             reuse = chunk.max_size - chunk.offsets[-1] - size
-            if best_reuse is None or (best_reuse < 0 and reuse > best_reuse) or \
-                    (0 <= reuse < best_reuse):
+            if (best_reuse is None or (best_reuse < 0 and reuse > best_reuse) or
+                    (0 <= reuse < best_reuse)):
                 best, best_reuse = (c, len(chunk.sizes) - 1), reuse
         return best
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -32,9 +31,11 @@ from .alloc import GraphAllocator
 from .buffer import BufferType, tensor_copy
 from .context import Context
 from .device import Backend, DeviceType, Event, tensor_copy_async
-from .errors import AllocationError, InvalidArgumentError
+from .env import env_int
+from .errors import AllocationError, ClosedError, InvalidArgumentError
 from .graph import DEFAULT_GRAPH_SIZE, Graph
 from .ops import VIEW_OPS, Op
+from .sched_plans import NO_PLANS, SplitPlans
 from .sched_split import Assignment, Split, plan_splits
 from .tensor import Tensor, TensorFlag
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 MAX_BACKENDS = 16
 MAX_COPIES = 4
+DEBUG_ENV = "POLYDEV_SCHED_DEBUG"      # 1: print the splits; 2: and every node's placement
 
 EvalCallback = Callable[[Tensor, bool], bool]
 """``cb(t, ask)``: with ask=True, return whether you want ``t``'s value; with ask=False the
@@ -76,8 +78,10 @@ class Scheduler:
         if backends[-1].device.type != DeviceType.CPU:
             raise InvalidArgumentError(f"the last backend of a scheduler must be a CPU device "
                                        f"(the fallback for every op); got {backends[-1].name}")
-        bufts = list(buffer_types) if buffer_types is not None else \
-            [b.default_buffer_type for b in backends]
+        if buffer_types is None:
+            bufts = [b.default_buffer_type for b in backends]
+        else:
+            bufts = list(buffer_types)
         if len(bufts) != len(backends):
             raise InvalidArgumentError(f"{len(bufts)} buffer types for {len(backends)} backends")
         for b, buft in zip(backends, bufts):
@@ -91,13 +95,13 @@ class Scheduler:
             [b.device.event_new() if parallel else None for _ in range(self.n_copies)]
             for b in backends]
         self.galloc = GraphAllocator(bufts)
-        self.debug = int(os.environ.get("POLYDEV_SCHED_DEBUG", "0") or 0)
+        self.debug = env_int(DEBUG_ENV, 0, minimum=0, maximum=2)
         self._user = Assignment()
         self._step: _Step | None = None
         self._signature: tuple | None = None
         self._last_graph: Graph | None = None      # the graph the signature belongs to
         self._allocated_graph: Graph | None = None
-        self._plans: list = []
+        self._plans = SplitPlans(keep=self.n_copies)
         self.cur_copy = 0
         self._next_copy = 0
         self._callback: EvalCallback | None = None
@@ -155,10 +159,11 @@ class Scheduler:
         self._signature = None
         self._last_graph = None
         self._allocated_graph = None
-        self._plans = []
+        self._plans.clear()
 
     def reserve(self, graph: Graph) -> None:
         """Size the compute buffers for ``graph`` (the largest one a program will run)."""
+        self._check_open()
         self._sync_backends()
         step = self._plan(graph)
         sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
@@ -166,6 +171,7 @@ class Scheduler:
 
     def alloc_graph(self, graph: Graph) -> None:
         """Place and allocate ``graph``: every node gets memory on its backend."""
+        self._check_open()
         self.cur_copy = self._next_copy
         self._next_copy = (self._next_copy + 1) % self.n_copies
         step = self._plan(graph)
@@ -180,7 +186,6 @@ class Scheduler:
             node.buffer, node.offset = twin.buffer, twin.offset
         self._step = step
         self._allocated_graph = graph
-        self._plans = [None] * len(step.splits)
         if self.debug:
             self._print_splits(graph, step)
 
@@ -192,12 +197,14 @@ class Scheduler:
 
     def compute_async(self, graph: Graph) -> bool:
         """Queue ``graph``'s splits (allocating it first unless it is the allocated graph)."""
+        self._check_open()
         if graph is not self._allocated_graph:
             self.alloc_graph(graph)
         return self._compute_splits()
 
     def synchronize(self) -> None:
         """Wait for every backend; without an allocated graph, pipelining restarts at slot 0."""
+        self._check_open()
         self._sync_backends()
         if self._allocated_graph is None:
             self._next_copy = 0
@@ -207,14 +214,24 @@ class Scheduler:
             b.synchronize()
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.synchronize()
-            for row in self.events:
-                for e in row:
-                    if e is not None:
-                        e.close()
-            self.galloc.close()
+        """Wait for the backends, then free the plans, events and compute buffers (the
+        backends stay the caller's); using the scheduler afterwards raises ClosedError."""
+        if self.closed:
+            return
+        for b in self.backends:
+            if not b.closed:
+                b.synchronize()
+        self.closed = True
+        self._plans.clear()
+        for row in self.events:
+            for e in row:
+                if e is not None:
+                    e.close()
+        self.galloc.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("the scheduler was closed")
 
     def __enter__(self) -> "Scheduler":
         return self
@@ -273,11 +290,7 @@ class Scheduler:
         """The last placement moved onto a graph of the same structure (no passes)."""
         old_graph, old = self._last_graph, self._step
         mapping = _correspondence(old_graph, graph)
-        ids = Assignment()
-        for old_id, (old_t, b, cause) in old.ids._ids.items():
-            new_t = mapping.get(old_id)
-            if new_t is not None:
-                ids.set(new_t, b, cause)
+        ids = old.ids.remapped(mapping)
         splits = [Split(s.backend_id, s.i_start, s.i_end,
                         [mapping[id(t)] for t in s.inputs], set(s.reads_from))
                   for s in old.splits]
@@ -409,13 +422,8 @@ class Scheduler:
         return True
 
     def _compute_planned(self, k: int, backend: Backend, graph: Graph) -> None:
-        plan = self._plans[k]
-        if plan is None:
-            try:
-                plan = self._plans[k] = backend.graph_plan_create(graph)
-            except Exception:              # a backend without plans computes the graph
-                plan = self._plans[k] = False
-        if plan is False:
+        plan = self._plans.plan(k, backend, graph)
+        if plan is NO_PLANS:
             backend.graph_compute_async(graph)
         else:
             backend.graph_plan_compute(plan)

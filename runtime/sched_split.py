@@ -54,6 +54,15 @@ class Assignment:
     def set(self, t: Tensor, backend_id: int, cause: str) -> None:
         self._ids[id(t)] = (t, backend_id, cause)
 
+    def remapped(self, mapping: dict[int, Tensor]) -> "Assignment":
+        """The assignments of the tensors ``mapping`` names (id(old) -> new), onto the new."""
+        other = Assignment()
+        for old_id, (_, backend_id, cause) in self._ids.items():
+            new = mapping.get(old_id)
+            if new is not None:
+                other.set(new, backend_id, cause)
+        return other
+
     def copy(self) -> "Assignment":
         other = Assignment()
         other._ids = dict(self._ids)
@@ -81,8 +90,8 @@ class SplitPlanner:
 
     def buffer_supported(self, t: Tensor, b: int) -> bool:
         """Backend ``b`` can use ``t`` where it is (or where its backend will put it)."""
-        buf = t.buffer if t.buffer is not None else \
-            (t.view_src.buffer if t.view_src is not None else None)
+        buf = (t.buffer if t.buffer is not None else
+            (t.view_src.buffer if t.view_src is not None else None))
         if buf is not None:
             buft = buf.buft
         else:
@@ -185,8 +194,8 @@ class SplitPlanner:
             if self.ids.cause(node) == "usr":      # the user's choice is never moved
                 continue
             for b in range(cur):
-                if self.bufts[b] is self.bufts[cur] and self.supports_op(b, node) and \
-                        all(self.buffer_supported(s, b) for s in srcs):
+                if (self.bufts[b] is self.bufts[cur] and self.supports_op(b, node) and
+                        all(self.buffer_supported(s, b) for s in srcs)):
                     self.ids.set(node, b, "3.upg")
                     break
 
@@ -258,12 +267,12 @@ class SplitPlanner:
                 continue
             sb = self.ids.get(src)
             # foreign weights: a new split lets the copies of earlier weights be reused
-            if src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS and \
-                    sb != split.backend_id and not self.buffer_supported(src, split.backend_id):
+            if (src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS and
+                    sb != split.backend_id and not self.buffer_supported(src, split.backend_id)):
                 return True
-            if len(split.inputs) >= MAX_SPLIT_INPUTS and sb != split.backend_id and \
-                    (id(src), split.backend_id) not in copied and \
-                    not self.buffer_supported(src, split.backend_id):
+            if (len(split.inputs) >= MAX_SPLIT_INPUTS and sb != split.backend_id and
+                    (id(src), split.backend_id) not in copied and
+                    not self.buffer_supported(src, split.backend_id)):
                 return True
         return False
 

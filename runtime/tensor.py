@@ -121,8 +121,8 @@ class Tensor:
 
     def is_contiguous_rows(self) -> bool:
         """Each row's elements are packed (nb[0] is the element size)."""
-        return self.ne[0] == TYPE_TRAITS[self.type].block_size or \
-            self.nb[0] == TYPE_TRAITS[self.type].type_size
+        return (self.ne[0] == TYPE_TRAITS[self.type].block_size or
+            self.nb[0] == TYPE_TRAITS[self.type].type_size)
 
     def is_transposed(self) -> bool:
         return self.nb[0] > self.nb[1]
@@ -276,7 +276,7 @@ def _encode(values: np.ndarray, type_: GGMLType) -> np.ndarray:
 def _raw_bytes_if_any(array: Any, t: Tensor) -> np.ndarray | None:
     if isinstance(array, (bytes, bytearray, memoryview)):
         return np.frombuffer(array, dtype=np.uint8)
-    if isinstance(array, np.ndarray) and array.dtype == np.uint8 and t.type != GGMLType.I8 \
-            and array.nbytes == t.nbytes and t.traits.is_quantized:
+    if (isinstance(array, np.ndarray) and array.dtype == np.uint8 and t.type != GGMLType.I8
+            and array.nbytes == t.nbytes and t.traits.is_quantized):
         return array.reshape(-1)
     return None

@@ -69,8 +69,8 @@ class GGMLType(enum.IntEnum):
             return value
         try:
             if isinstance(value, str):
-                return cls[value.upper()] if value.upper() in cls.__members__ \
-                    else _BY_LOWER_NAME[value.lower()]
+                return (cls[value.upper()] if value.upper() in cls.__members__
+                    else _BY_LOWER_NAME[value.lower()])
             return cls(int(value))
         except (KeyError, ValueError):
             known = ", ".join(t.traits.name for t in cls)

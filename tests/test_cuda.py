@@ -153,9 +153,9 @@ def _add_graph():
 def test_async_set_compute_get_from_pinned_memory(dev, rng):
     """Transfers from and to CUDA_Host memory queue on the stream; the plan is replayed."""
     ctx, a, b, out = _add_graph()
-    with alloc_ctx_tensors(ctx, dev.buffer_type), \
-            dev.host_buffer_type.alloc_buffer(3 * 4096 * 4) as pinned, \
-            dev.init_backend() as backend:
+    with (alloc_ctx_tensors(ctx, dev.buffer_type),
+            dev.host_buffer_type.alloc_buffer(3 * 4096 * 4) as pinned,
+            dev.init_backend() as backend):
         x, y, result = pinned.host_array.view(np.float32).reshape(3, 4096)
         plan = backend.graph_plan_create(build_graph(out))
         for _ in range(3):                                     # plan once, replay
@@ -183,8 +183,8 @@ def test_copy_between_streams_waits_for_the_producer_under_load(dev, rng):
     ctx, a, b, prod = _heavy_graph()
     dst_ctx = Context()
     dst = dst_ctx.new_tensor(GGMLType.F32, prod.ne, "dst")
-    with alloc_ctx_tensors(ctx, dev.buffer_type), alloc_ctx_tensors(dst_ctx, dev.buffer_type), \
-            dev.init_backend() as producer, dev.init_backend() as consumer:
+    with (alloc_ctx_tensors(ctx, dev.buffer_type), alloc_ctx_tensors(dst_ctx, dev.buffer_type),
+            dev.init_backend() as producer, dev.init_backend() as consumer):
         x = rng.standard_normal((4096, 4096)).astype(np.float32)
         a.set_data(x)
         b.set_data(np.eye(4096, dtype=np.float32))
@@ -201,8 +201,8 @@ def test_copy_between_streams_waits_for_the_producer_under_load(dev, rng):
 @_marks
 def test_events_order_two_streams(dev, rng):
     ctx, a, b, prod = _heavy_graph()
-    with alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as producer, \
-            dev.init_backend() as consumer, dev.event_new() as done:
+    with (alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as producer,
+            dev.init_backend() as consumer, dev.event_new() as done):
         x = rng.standard_normal((4096, 4096)).astype(np.float32)
         a.set_data(x)
         b.set_data(np.eye(4096, dtype=np.float32))
@@ -249,9 +249,9 @@ def test_op_offload_follows_the_batch(dev):
 def test_two_gpus_copy_peer_to_peer(rng):
     ctx0, v0 = _vector(1 << 20)
     ctx1, v1 = _vector(1 << 20)
-    with alloc_ctx_tensors(ctx0, CUDA[0].buffer_type), \
-            alloc_ctx_tensors(ctx1, CUDA[1].buffer_type), \
-            CUDA[0].init_backend() as b0, CUDA[1].init_backend() as b1:
+    with (alloc_ctx_tensors(ctx0, CUDA[0].buffer_type),
+            alloc_ctx_tensors(ctx1, CUDA[1].buffer_type),
+            CUDA[0].init_backend() as b0, CUDA[1].init_backend() as b1):
         values = rng.standard_normal(1 << 20).astype(np.float32)
         b0.set_tensor_async(v0, values)
         tensor_copy_async(b0, b1, v0, v1)

@@ -567,8 +567,8 @@ def _build(ctx: Context, w: Tensor, program) -> tuple[list[Tensor], list[Tensor]
                 t = _BINARY[name](ctx, a, b)
             elif _root(a) in computed:                # in place, never over a leaf or weight
                 fn = _INPLACE[name]
-                t = fn(ctx, a, b, inplace=True) if name in ("add", "mul") else \
-                    fn(ctx, a, inplace=True)
+                t = (fn(ctx, a, b, inplace=True) if name in ("add", "mul") else
+                    fn(ctx, a, inplace=True))
             else:
                 continue
         except ShapeError:

@@ -191,8 +191,8 @@ def test_async_set_compute_get_on_one_queue(dev, rng):
 
 def test_events_order_two_queues(dev, rng):
     ctx, a, b, out = _add_graph(dev)
-    with alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as producer, \
-            dev.init_backend() as consumer, dev.event_new() as done:
+    with (alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as producer,
+            dev.init_backend() as consumer, dev.event_new() as done):
         x, y = rng.standard_normal((2, 4096)).astype(np.float32)
         a.set_data(x)
         b.set_data(y)
@@ -232,8 +232,8 @@ def test_two_devices_share_a_context_and_copy_device_to_device(rng):
     ctx, a, b, out = _add_graph(d0)
     ctx1 = Context()
     dst = ctx1.new_tensor(GGMLType.F32, (4096,), "dst")
-    with alloc_ctx_tensors(ctx, d0.buffer_type), alloc_ctx_tensors(ctx1, d1.buffer_type), \
-            d0.init_backend() as b0, d1.init_backend() as b1:
+    with (alloc_ctx_tensors(ctx, d0.buffer_type), alloc_ctx_tensors(ctx1, d1.buffer_type),
+            d0.init_backend() as b0, d1.init_backend() as b1):
         x, y = rng.standard_normal((2, 4096)).astype(np.float32)
         a.set_data(x)
         b.set_data(y)

@@ -248,8 +248,8 @@ def test_cpy_converts(backend, rng, src_type, dst_type):
     dst = np.zeros((1, 1, 6, 32), np.float32)
     out = compute(backend, lambda ctx, x, y: ops.cpy(ctx, x, y), a, dst, types=[src_type, dst_type])
     src_vals = dequantize(quantize(a, src_type), src_type) if src_type != GGMLType.F32 else a
-    ref = dequantize(quantize(src_vals.reshape(1, 1, 6, 32), dst_type), dst_type) \
-        if dst_type != GGMLType.F32 else src_vals.reshape(1, 1, 6, 32)
+    ref = (dequantize(quantize(src_vals.reshape(1, 1, 6, 32), dst_type), dst_type)
+        if dst_type != GGMLType.F32 else src_vals.reshape(1, 1, 6, 32))
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
 
 
@@ -378,8 +378,8 @@ def test_get_rows(backend, rng, qtype):
         values = dequantize(raw, qtype)
         data = raw.tobytes()
     else:
-        values = dequantize(quantize(f32(rng, (n_rows, k)), qtype), qtype) \
-            if qtype != GGMLType.F32 else f32(rng, (n_rows, k))
+        values = (dequantize(quantize(f32(rng, (n_rows, k)), qtype), qtype)
+            if qtype != GGMLType.F32 else f32(rng, (n_rows, k)))
         data = values
     idx = np.array([3, 0, 9, 3, 5], dtype=np.int32)
     from polydev import Context, alloc_ctx_tensors

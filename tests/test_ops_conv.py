@@ -144,8 +144,8 @@ def test_pool_2d(backend, rng, op, k, s, p, dtype):
     for i in range(oh):
         for j in range(ow):
             win = xp_[..., i * s1:i * s1 + k1, j * s0:j * s0 + k0]
-            ref[..., i, j] = win.max((-2, -1)) if op == PoolOp.MAX \
-                else win.sum((-2, -1)) / (k0 * k1)
+            ref[..., i, j] = (win.max((-2, -1)) if op == PoolOp.MAX
+                else win.sum((-2, -1)) / (k0 * k1))
     assert_close(out, ref, 1e-7 if dtype == np.float32 else 1e-6)
 
 

@@ -94,8 +94,8 @@ def _bilinear_ref(x, n0, n1, align=False):
     dy = np.clip(ys - y0, 0, 1)[:, None]
     dx = np.clip(xs - x0, 0, 1)[None, :]
     p = lambda yy, xx: x[..., yy[:, None], xx[None, :]]      # noqa: E731
-    return p(y0, x0) * (1 - dx) * (1 - dy) + p(y0, x1) * dx * (1 - dy) \
-        + p(y1, x0) * (1 - dx) * dy + p(y1, x1) * dx * dy
+    return (p(y0, x0) * (1 - dx) * (1 - dy) + p(y0, x1) * dx * (1 - dy)
+        + p(y1, x0) * (1 - dx) * dy + p(y1, x1) * dx * dy)
 
 
 def _cubic_weights(t, a=-0.75):

@@ -38,8 +38,8 @@ def _ssm_scan_ref(s, x, dt, a, b, c, ids):
         dsp = _softplus(dt[:, t])                                   # (ns, nh)
         decay = np.exp(dsp[..., None] * a[None])                    # (ns, nh, 1|nc)
         bt, ct = b[:, t][:, groups], c[:, t][:, groups]             # (ns, nh, nc)
-        state = state * decay[:, :, None, :] \
-            + bt[:, :, None, :] * (x[:, t] * dsp[..., None])[..., None]
+        state = (state * decay[:, :, None, :]
+            + bt[:, :, None, :] * (x[:, t] * dsp[..., None])[..., None])
         y[:, t] = (state * ct[:, :, None, :]).sum(-1)
     return y, state
 

@@ -52,8 +52,8 @@ def bind_flash_attn_ext(env, node: Tensor) -> Callable[[], None]:
     q = env.view(q_t).reshape(n_seq, n_head_kv, group, n_q, -1)
     out = env.view(node).reshape(n_seq, n_q, n_head_kv, group, -1)
     per_head = (1, n_head_kv, group, 1, 1)
-    slopes = xp.asarray(alibi_slopes(n_head, max_bias)).reshape(per_head) if max_bias > 0 \
-        else None
+    slopes = (xp.asarray(alibi_slopes(n_head, max_bias)).reshape(per_head) if max_bias > 0
+        else None)
     sinks = env.view(sinks_t).reshape(per_head) if sinks_t is not None else None
     block = max(1, SCORE_BLOCK // max(1, n_head * k_t.ne[1]))
 
@@ -61,8 +61,8 @@ def bind_flash_attn_ext(env, node: Tensor) -> Callable[[], None]:
         k = xp.asarray(values_of(env, k_t), dtype=xp.float32)[:, :, None]   # (s, hkv, 1, kv, D)
         v = xp.asarray(values_of(env, v_t), dtype=xp.float32)[:, :, None]
         k_t_ = xp.swapaxes(k, -1, -2)
-        mask = _mask_by_head(xp, env.view(mask_t), n_seq, n_head_kv, group, n_q) \
-            if mask_t is not None else None
+        mask = (_mask_by_head(xp, env.view(mask_t), n_seq, n_head_kv, group, n_q)
+            if mask_t is not None else None)
         for q0 in range(0, n_q, block):
             q1 = min(n_q, q0 + block)
             scores = xp.matmul(q[:, :, :, q0:q1], k_t_)      # (s, hkv, group, rows, kv)

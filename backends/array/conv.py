@@ -31,8 +31,8 @@ def slide(xp, x, axis: int, n_out: int, k: int, stride: int, dilation: int):
     """A view of ``x`` where ``axis`` holds the n_out window starts and a new last axis the k
     taps of each window (tap j of window o is element o*stride + j*dilation)."""
     shape = x.shape[:axis] + (n_out,) + x.shape[axis + 1:] + (k,)
-    strides = x.strides[:axis] + (x.strides[axis] * stride,) + x.strides[axis + 1:] \
-        + (x.strides[axis] * dilation,)
+    strides = (x.strides[:axis] + (x.strides[axis] * stride,) + x.strides[axis + 1:]
+               + (x.strides[axis] * dilation,))
     return xp.lib.stride_tricks.as_strided(x, shape, strides)
 
 
@@ -149,8 +149,8 @@ def bind_conv_transpose_2d(env, node: Tensor) -> Callable[[], None]:
         d.fill(0)
         for i in range(kh):
             for j in range(kw):
-                d[:, :, i:i + span_h:stride, j:j + span_w:stride] += \
-                    xp.moveaxis(taps[..., i, j], 3, 1)
+                window = d[:, :, i:i + span_h:stride, j:j + span_w:stride]
+                window += xp.moveaxis(taps[..., i, j], 3, 1)
     return run
 
 

@@ -30,8 +30,8 @@ def _types(node: Tensor, *allowed) -> bool:
 
 def _decodable(t: Tensor) -> bool:
     tr = TYPE_TRAITS[t.type]
-    return t.type in (F32, F16, BF16, GGMLType.F64, I32, GGMLType.I16, GGMLType.I8, I64) \
-        or tr.can_dequantize
+    return (t.type in (F32, F16, BF16, GGMLType.F64, I32, GGMLType.I16, GGMLType.I8, I64)
+        or tr.can_dequantize)
 
 
 def _encodable(t: Tensor) -> bool:
@@ -63,8 +63,8 @@ def _set_rows_ok(node: Tensor) -> bool:
 
 
 def _rope_ok(node: Tensor) -> bool:
-    return node.type in FLOATS and node.src[0].type == node.type \
-        and node.op_params[2] in rope.SUPPORTED_MODES and node.src[0].nb[0] == node.nb[0]
+    return (node.type in FLOATS and node.src[0].type == node.type
+        and node.op_params[2] in rope.SUPPORTED_MODES and node.src[0].nb[0] == node.nb[0])
 
 
 def _float_same(node: Tensor) -> bool:

@@ -47,8 +47,8 @@ def bind_mul_mat(env, node: Tensor) -> Callable[[], None]:
         return run_2d
 
     def run() -> None:
-        rhs = b_batched if packed and not needs_f32 else \
-            xp.ascontiguousarray(b_batched, dtype=xp.float32)
+        rhs = (b_batched if packed and not needs_f32 else
+            xp.ascontiguousarray(b_batched, dtype=xp.float32))
         xp.matmul(rhs, xp.swapaxes(expand_a(weight()), -1, -2), out=d_batched)
     return run
 

@@ -94,8 +94,8 @@ def bind_pad_reflect_1d(env, node: Tensor) -> Callable[[], None]:
     inner = d[..., p0:p0 + n]
     # the mirrored edges exclude the edge element itself: d[p0 - i] = a[i], d[p0+n-1 + i] = a[n-1-i]
     left, left_src = d[..., :p0], a[..., p0:0:-1]
-    right, right_src = d[..., p0 + n:], a[..., n - 2:n - 2 - p1:-1] if n - 2 - p1 >= 0 \
-        else a[..., n - 2::-1]
+    right, right_src = (d[..., p0 + n:], a[..., n - 2:n - 2 - p1:-1] if n - 2 - p1 >= 0
+        else a[..., n - 2::-1])
 
     def run() -> None:
         xp.copyto(inner, a)

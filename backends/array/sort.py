@@ -29,8 +29,8 @@ def bind_top_k(env, node: Tensor) -> Callable[[], None]:
 
     def run() -> None:
         neg = -a
-        top = xp.argpartition(neg, k - 1, axis=-1)[..., :k] if k < n \
-            else xp.broadcast_to(xp.arange(n), a.shape)
+        top = (xp.argpartition(neg, k - 1, axis=-1)[..., :k] if k < n
+            else xp.broadcast_to(xp.arange(n), a.shape))
         order = xp.argsort(xp.take_along_axis(neg, top, axis=-1), axis=-1, kind="stable")
         xp.copyto(d, xp.take_along_axis(top, order, axis=-1), casting="unsafe")
     return run

@@ -52,8 +52,8 @@ def tensor_args(launcher: Launcher, t: Tensor | None) -> list:
     source is a null address the kernel never reads."""
     if t is None:
         return [np.uint64(0)] + [np.int32(1)] * 4 + [np.int64(0)] * 4
-    return [np.uint64(launcher.address(t))] + [np.int32(n) for n in t.ne] \
-        + [np.int64(n) for n in t.nb]
+    return ([np.uint64(launcher.address(t))] + [np.int32(n) for n in t.ne]
+        + [np.int64(n) for n in t.nb])
 
 
 def _warps(n: int, most: int) -> int:
@@ -75,16 +75,16 @@ def _unit_rows(t: Tensor) -> bool:
 def mul_mat_vec_ok(node: Tensor) -> bool:
     """A few f32 columns times one matrix of a decodable non-f32 type (cuBLAS does f32)."""
     a, b = node.src[0], node.src[1]
-    return a.type in ROW_TYPE_NAMES and a.type != F32 and _unit_rows(a) \
-        and a.ne[2] == a.ne[3] == 1 and b.type == F32 and b.nb[0] == 4 \
-        and b.ne[1] <= MAT_VEC_MAX_COLS and b.ne[2] == b.ne[3] == 1 \
-        and node.type == F32 and node.nb[0] == 4
+    return (a.type in ROW_TYPE_NAMES and a.type != F32 and _unit_rows(a)
+        and a.ne[2] == a.ne[3] == 1 and b.type == F32 and b.nb[0] == 4
+        and b.ne[1] <= MAT_VEC_MAX_COLS and b.ne[2] == b.ne[3] == 1
+        and node.type == F32 and node.nb[0] == 4)
 
 
 def mul_mat_id_vec_ok(node: Tensor) -> bool:
     a, b, ids = node.src[0], node.src[1], node.src[2]
-    return a.type in ROW_TYPE_NAMES and _unit_rows(a) and b.type == F32 and b.nb[0] == 4 \
-        and ids.type == I32 and node.type == F32 and b.ne[2] <= MUL_MAT_ID_VEC_MAX_TOKENS
+    return (a.type in ROW_TYPE_NAMES and _unit_rows(a) and b.type == F32 and b.nb[0] == 4
+        and ids.type == I32 and node.type == F32 and b.ne[2] <= MUL_MAT_ID_VEC_MAX_TOKENS)
 
 
 def get_rows_ok(node: Tensor) -> bool:
@@ -98,16 +98,16 @@ def norm_ok(node: Tensor) -> bool:
 
 def soft_max_ok(node: Tensor) -> bool:
     mask, sinks = _optional_src(node, 1), _optional_src(node, 2)
-    return norm_ok(node) and (mask is None or mask.type in (F32, F16)) \
-        and (sinks is None or sinks.type == F32)
+    return (norm_ok(node) and (mask is None or mask.type in (F32, F16))
+        and (sinks is None or sinks.type == F32))
 
 
 def rope_ok(node: Tensor) -> bool:
     ff = _optional_src(node, 2)
     mode, n_offs = node.op_params[2], node.op_params[15]
-    return mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0 \
-        and node.type in (F32, F16) and node.src[0].type == node.type \
-        and node.src[1].type == I32 and (ff is None or ff.type == F32)
+    return (mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0
+        and node.type in (F32, F16) and node.src[0].type == node.type
+        and node.src[1].type == I32 and (ff is None or ff.type == F32))
 
 
 # --- binders -------------------------------------------------------------------------------------
@@ -126,8 +126,8 @@ def bind_mul_mat_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
 
 def bind_mul_mat_id_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     a, b, ids = node.src[0], node.src[1], node.src[2]
-    args = tensor_args(launcher, a) + tensor_args(launcher, b) + tensor_args(launcher, ids) \
-        + tensor_args(launcher, node) + [launcher.bad_index]
+    args = (tensor_args(launcher, a) + tensor_args(launcher, b) + tensor_args(launcher, ids)
+        + tensor_args(launcher, node) + [launcher.bad_index])
     grid = (math.ceil(a.ne[1] / MAT_VEC_ROWS_PER_BLOCK), node.ne[1] * node.ne[2])
     return launcher.launch(f"mul_mat_id_vec_{ROW_TYPE_NAMES[a.type]}", grid,
                            (32, MAT_VEC_ROWS_PER_BLOCK), args, checks_indices=True)
@@ -135,8 +135,8 @@ def bind_mul_mat_id_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
 
 def bind_get_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     a, idx = node.src[0], node.src[1]
-    args = tensor_args(launcher, a) + tensor_args(launcher, idx) + tensor_args(launcher, node) \
-        + [launcher.bad_index]
+    args = (tensor_args(launcher, a) + tensor_args(launcher, idx) + tensor_args(launcher, node)
+        + [launcher.bad_index])
     block = (_warps(math.ceil(a.ne[0] / 32), 128),)
     grid = (idx.ne[0], idx.ne[1] * idx.ne[2])
     return launcher.launch(f"get_rows_{ROW_TYPE_NAMES[a.type]}", grid, block, args,
@@ -150,8 +150,8 @@ def _row_geometry(t: Tensor) -> tuple[tuple[int, int, int], tuple[int]]:
 
 def bind_norm(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    args = tensor_args(launcher, src) + tensor_args(launcher, node) \
-        + [np.float32(node.op_params[0]), np.int32(NORM_KINDS[node.op])]
+    args = (tensor_args(launcher, src) + tensor_args(launcher, node)
+        + [np.float32(node.op_params[0]), np.int32(NORM_KINDS[node.op])])
     return launcher.launch("norm_f32", *_row_geometry(src), args)
 
 
@@ -160,10 +160,10 @@ def bind_soft_max(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     scale, max_bias = node.op_params
     m0, m1, n_head_log2 = alibi_params(src.ne[2], max_bias)
     mask_type = 0 if mask is None else 1 if mask.type == F32 else 2
-    args = tensor_args(launcher, src) + tensor_args(launcher, mask) \
-        + tensor_args(launcher, sinks) + tensor_args(launcher, node) \
+    args = (tensor_args(launcher, src) + tensor_args(launcher, mask)
+        + tensor_args(launcher, sinks) + tensor_args(launcher, node)
         + [np.float32(scale), np.float32(max_bias), m0, m1, np.int32(n_head_log2),
-           np.int32(mask_type), np.int32(sinks is not None)]
+           np.int32(mask_type), np.int32(sinks is not None)])
     return launcher.launch("soft_max_f32", *_row_geometry(src), args)
 
 
@@ -185,10 +185,10 @@ def rope_scalars(node: Tensor) -> list:
 def bind_rope(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     src, pos, ff = node.src[0], node.src[1], _optional_src(node, 2)
     n_dims, mode = node.op_params[1], node.op_params[2]
-    args = tensor_args(launcher, src) + tensor_args(launcher, pos) + tensor_args(launcher, ff) \
-        + tensor_args(launcher, node) \
-        + [np.int32(n_dims), np.int32(mode == RopeMode.NEOX), np.int32(node.type == F16)] \
-        + rope_scalars(node) + [np.int32(ff is not None)]
+    args = (tensor_args(launcher, src) + tensor_args(launcher, pos) + tensor_args(launcher, ff)
+        + tensor_args(launcher, node)
+        + [np.int32(n_dims), np.int32(mode == RopeMode.NEOX), np.int32(node.type == F16)]
+        + rope_scalars(node) + [np.int32(ff is not None)])
     block = (_warps(max(n_dims // 2, src.ne[0] - n_dims), 256),)
     return launcher.launch("rope", (src.ne[1], src.ne[2], src.ne[3]), block, args)
 
@@ -202,6 +202,6 @@ def dequantize_args(address: int, row_strides: Sequence[int], ne: Sequence[int],
     n_chunks = math.ceil(k / 32) * ne1 * ne2 * ne3
     block = 256
     grid = (max(1, min(math.ceil(n_chunks / block), 1 << 20)),)   # the kernel grid-strides
-    args = [np.uint64(address)] + [np.int64(s) for s in row_strides] \
-        + [np.int32(ne1), np.int32(ne2), np.uint64(out_address), np.int32(k), np.int64(n_chunks)]
+    args = ([np.uint64(address)] + [np.int64(s) for s in row_strides]
+        + [np.int32(ne1), np.int32(ne2), np.uint64(out_address), np.int32(k), np.int64(n_chunks)])
     return grid, (block,), args

@@ -105,8 +105,8 @@ class CUDABufferType(BufferType):
             with cupy.cuda.Device(dev.index):
                 memptr = cupy.cuda.alloc(size)
         except cupy.cuda.memory.OutOfMemoryError as e:
-            raise AllocationError(f"{self.name}: cannot allocate {size / 2**20:.2f} MiB: {e}") \
-                from None
+            message = f"{self.name}: cannot allocate {size / 2**20:.2f} MiB: {e}"
+            raise AllocationError(message) from None
         return CUDABuffer(self, size, memptr, dev)
 
 

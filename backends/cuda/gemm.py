@@ -21,8 +21,8 @@ from .binders import ROW_TYPE_NAMES
 
 def half_gemm_ok(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
-    return a.type in ROW_TYPE_NAMES and a.type != GGMLType.F32 and a.is_contiguous_rows() \
-        and b.type in (GGMLType.F32, GGMLType.F16) and node.type == GGMLType.F32
+    return (a.type in ROW_TYPE_NAMES and a.type != GGMLType.F32 and a.is_contiguous_rows()
+        and b.type in (GGMLType.F32, GGMLType.F16) and node.type == GGMLType.F32)
 
 
 def bind_half_gemm(env, node: Tensor) -> Callable[[], None]:

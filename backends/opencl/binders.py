@@ -27,8 +27,8 @@ def tensor_args(backend: "OpenCLBackend", t: Tensor | None) -> list:
     """The ten arguments TENSOR(t) of common.h: buffer, offset, ne[4], nb[4]."""
     if t is None:          # an absent optional source: any valid buffer, never read
         return [backend.device.scratch, np.uint64(0)] + [np.int32(1)] * 4 + [np.uint64(0)] * 4
-    return [t.buffer.cl_buffer, np.uint64(t.offset)] + [np.int32(n) for n in t.ne] \
-        + [np.uint64(n) for n in t.nb]
+    return ([t.buffer.cl_buffer, np.uint64(t.offset)] + [np.int32(n) for n in t.ne]
+        + [np.uint64(n) for n in t.nb])
 
 
 class _Launch:
@@ -109,8 +109,8 @@ def bind_binary(backend, node: Tensor) -> Callable[[], None]:
     a, b = node.src[0], node.src[1]
     fn = "ADD" if node.op == Op.ADD1 else node.op.name     # ADD1: b is one value, repeated
     k = _elementwise(backend, node, "binary", a, b)
-    args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node) \
-        + [np.int32(FN_CODES[fn])]
+    args = (tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node)
+        + [np.int32(FN_CODES[fn])])
     return _launch(backend, k, args, _grid(node))
 
 
@@ -151,15 +151,15 @@ def bind_repeat(backend, node: Tensor) -> Callable[[], None]:
 def bind_concat(backend, node: Tensor) -> Callable[[], None]:
     a, b = node.src[0], node.src[1]
     k = _elementwise(backend, node, "concat", a, b)
-    args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node) \
-        + [np.int32(node.op_params[0])]
+    args = (tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node)
+        + [np.int32(node.op_params[0])])
     return _launch(backend, k, args, _grid(node))
 
 
 def bind_diag_mask_inf(backend, node: Tensor) -> Callable[[], None]:
     k = _elementwise(backend, node, "diag_mask_inf", node.src[0])
-    args = tensor_args(backend, node.src[0]) + tensor_args(backend, node) \
-        + [np.int32(node.op_params[0])]
+    args = (tensor_args(backend, node.src[0]) + tensor_args(backend, node)
+        + [np.int32(node.op_params[0])])
     return _launch(backend, k, args, _grid(node))
 
 
@@ -200,13 +200,13 @@ def bind_soft_max(backend, node: Tensor) -> Callable[[], None]:
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
     scale, max_bias = node.op_params
-    extra = [np.float32(scale), np.float32(max_bias)] + alibi_args(src.ne[2], max_bias) \
-        + [np.int32(mask is not None), np.int32(sinks is not None)]
+    extra = ([np.float32(scale), np.float32(max_bias)] + alibi_args(src.ne[2], max_bias)
+        + [np.int32(mask is not None), np.int32(sinks is not None)])
     defines = {"MASK_T": PLAIN_NAMES[mask.type]} if mask is not None else {}
     ls = backend.device.row_group_size
     k = backend.device.programs.kernel("rows", "soft_max", **_type_defines(node, src), **defines)
-    args = tensor_args(backend, src) + tensor_args(backend, mask) + tensor_args(backend, sinks) \
-        + tensor_args(backend, node) + extra
+    args = (tensor_args(backend, src) + tensor_args(backend, mask) + tensor_args(backend, sinks)
+        + tensor_args(backend, node) + extra)
     return _launch(backend, k, args, (ls, src.ne[1], src.ne[2] * src.ne[3]), (ls, 1, 1))
 
 
@@ -218,11 +218,11 @@ def bind_rope(backend, node: Tensor) -> Callable[[], None]:
     low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)   # as the CPU backend
     k = backend.device.programs.kernel("rope", "rope", **_type_defines(node, src))
-    args = tensor_args(backend, src) + tensor_args(backend, pos) + tensor_args(backend, ff) \
+    args = (tensor_args(backend, src) + tensor_args(backend, pos) + tensor_args(backend, ff)
         + tensor_args(backend, node) + [
             np.int32(n_dims), np.int32(mode == RopeMode.NEOX), np.float32(freq_scale),
             np.float32(ext_factor), np.float32(attn_factor), np.float32(low), np.float32(high),
-            np.float32(theta_scale), np.int32(ff is not None)]
+            np.float32(theta_scale), np.int32(ff is not None)])
     return _launch(backend, k, args, (src.ne[1], src.ne[2], src.ne[3]))
 
 
@@ -234,8 +234,8 @@ def bind_get_rows(backend, node: Tensor) -> Callable[[], None]:
     elif src.type in QUANT_NAMES:
         defines["QUANT_T"] = QUANT_NAMES[src.type]
     k = backend.device.programs.kernel("rows", name, **defines)
-    args = tensor_args(backend, src) + tensor_args(backend, idx) + tensor_args(backend, node) \
-        + [backend.bad_index]
+    args = (tensor_args(backend, src) + tensor_args(backend, idx) + tensor_args(backend, node)
+        + [backend.bad_index])
     return _launch(backend, k, args, (node.ne[0], idx.ne[0], idx.ne[1] * idx.ne[2]),
                    checks_indices=True)
 
@@ -244,8 +244,8 @@ def bind_set_rows(backend, node: Tensor) -> Callable[[], None]:
     rows, idx = node.src[0], node.src[1]
     defines = _type_defines(node, rows)
     defines["IDX_T"] = "long" if idx.type == I64 else "int"
-    args = tensor_args(backend, rows) + tensor_args(backend, idx) + tensor_args(backend, node) \
-        + [backend.bad_index]
+    args = (tensor_args(backend, rows) + tensor_args(backend, idx) + tensor_args(backend, node)
+        + [backend.bad_index])
     grid = (rows.ne[0], rows.ne[1], rows.ne[2] * rows.ne[3])
     if node.type in ENCODABLE:           # one work-item per block of a row
         k = backend.device.programs.kernel("quantize", "set_rows_blocks", **defines,
@@ -280,8 +280,8 @@ def bind_mul_mat_id(backend, node: Tensor) -> Callable[[], None]:
         defines["QUANT_T"] = QUANT_NAMES[experts.type]
     ls = backend.device.row_group_size
     k = backend.device.programs.kernel("mul_mat", "mul_mat_id_vec", **defines)
-    args = [a for t in (experts, b, ids, node) for a in tensor_args(backend, t)] \
-        + [backend.bad_index]
+    args = ([a for t in (experts, b, ids, node) for a in tensor_args(backend, t)]
+        + [backend.bad_index])
     return _launch(backend, k, args, (ls, experts.ne[1], node.ne[1] * node.ne[2]), (ls, 1, 1),
                    checks_indices=True)
 
@@ -299,8 +299,8 @@ def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:
     ls = backend.device.row_group_size
     kernel = backend.device.programs.kernel("attention", "flash_attn", **defines)
     args = [a for t in (q, k_t, v_t, mask, sinks, node) for a in tensor_args(backend, t)]
-    args += [np.float32(scale), np.float32(softcap), np.float32(max_bias)] \
-        + alibi_args(q.ne[2], max_bias) + [np.int32(mask is not None), np.int32(sinks is not None)]
+    args += ([np.float32(scale), np.float32(softcap), np.float32(max_bias)]
+        + alibi_args(q.ne[2], max_bias) + [np.int32(mask is not None), np.int32(sinks is not None)])
     return _launch(backend, kernel, args, (ls, q.ne[1], q.ne[2] * q.ne[3]), (ls, 1, 1))
 
 
@@ -323,8 +323,8 @@ def bind_cumsum(backend, node: Tensor) -> Callable[[], None]:
 
 def bind_pad(backend, node: Tensor) -> Callable[[], None]:
     src, p = node.src[0], node.op_params
-    args = tensor_args(backend, src) + tensor_args(backend, node) \
-        + [np.int32(p[0]), np.int32(p[2]), np.int32(p[4]), np.int32(p[6]), np.int32(p[8])]
+    args = (tensor_args(backend, src) + tensor_args(backend, node)
+        + [np.int32(p[0]), np.int32(p[2]), np.int32(p[4]), np.int32(p[6]), np.int32(p[8])])
     return _launch(backend, _misc(backend, node, "pad", src), args, _grid(node))
 
 
@@ -339,8 +339,8 @@ def bind_group_norm(backend, node: Tensor) -> Callable[[], None]:
     n_groups, eps = node.op_params
     group_size = -(-src.ne[2] // n_groups)            # ggml's ceil(C / G) channels per group
     ls = backend.device.row_group_size
-    args = tensor_args(backend, src) + tensor_args(backend, node) \
-        + [np.int32(group_size), np.float32(eps)]
+    args = (tensor_args(backend, src) + tensor_args(backend, node)
+        + [np.int32(group_size), np.float32(eps)])
     return _launch(backend, _misc(backend, node, "group_norm", src), args,
                    (ls, n_groups, src.ne[3]), (ls, 1, 1))
 
@@ -348,8 +348,8 @@ def bind_group_norm(backend, node: Tensor) -> Callable[[], None]:
 def bind_roll(backend, node: Tensor) -> Callable[[], None]:
     """ROLL is a circular PAD of nothing: d[i] = a[(i - shift) mod n]."""
     src, shifts = node.src[0], node.op_params
-    args = tensor_args(backend, src) + tensor_args(backend, node) \
-        + [np.int32(s % max(n, 1)) for s, n in zip(shifts, src.ne)] + [np.int32(1)]
+    args = (tensor_args(backend, src) + tensor_args(backend, node)
+        + [np.int32(s % max(n, 1)) for s, n in zip(shifts, src.ne)] + [np.int32(1)])
     return _launch(backend, _misc(backend, node, "pad", src), args, _grid(node))
 
 
@@ -371,8 +371,8 @@ def bind_timestep_embedding(backend, node: Tensor) -> Callable[[], None]:
                       cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=freqs)
     table_args = [table, np.uint64(0), np.int32(half), np.int32(1), np.int32(1), np.int32(1),
                   np.uint64(4), np.uint64(4 * half), np.uint64(4 * half), np.uint64(4 * half)]
-    args = tensor_args(backend, steps) + table_args + tensor_args(backend, node) \
-        + [np.int32(half)]
+    args = (tensor_args(backend, steps) + table_args + tensor_args(backend, node)
+        + [np.int32(half)])
     return _launch(backend, _misc(backend, node, "timestep_embedding"), args,
                    (node.ne[0], node.ne[1]))
 

@@ -126,8 +126,8 @@ class OpenCLBufferType(BufferType):
         try:
             buf = cl.Buffer(dev.platform.context, cl.mem_flags.READ_WRITE, size)
         except cl.Error as e:
-            raise AllocationError(f"{self.name}: cannot allocate {size / 2**20:.2f} MiB: {e}") \
-                from None
+            message = f"{self.name}: cannot allocate {size / 2**20:.2f} MiB: {e}"
+            raise AllocationError(message) from None
         dev.account(size)
         return OpenCLBuffer(self, size, buf, dev)
 

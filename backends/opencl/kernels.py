@@ -50,16 +50,16 @@ def _f32_rows(node: Tensor) -> bool:
 def _soft_max_ok(node: Tensor) -> bool:
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
-    return _f32_rows(node) and (mask is None or mask.type in FLOATS) \
-        and (sinks is None or sinks.type == F32)
+    return (_f32_rows(node) and (mask is None or mask.type in FLOATS)
+        and (sinks is None or sinks.type == F32))
 
 
 def _rope_ok(node: Tensor) -> bool:
     ff = node.src[2] if len(node.src) > 2 else None
     mode, n_offs = node.op_params[2], node.op_params[15]
-    return mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0 \
-        and node.src[0].type in FLOATS and node.type == node.src[0].type \
-        and (ff is None or ff.type == F32)
+    return (mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0
+        and node.src[0].type in FLOATS and node.type == node.src[0].type
+        and (ff is None or ff.type == F32))
 
 
 def _get_rows_ok(node: Tensor) -> bool:
@@ -68,19 +68,19 @@ def _get_rows_ok(node: Tensor) -> bool:
         return False
     if src.type == I32:
         return node.type == I32
-    return node.type == F32 and (src.type in FLOATS or src.type in QUANT_NAMES) \
-        and src.is_contiguous_rows()
+    return (node.type == F32 and (src.type in FLOATS or src.type in QUANT_NAMES)
+        and src.is_contiguous_rows())
 
 
 def _set_rows_ok(node: Tensor) -> bool:
-    return node.src[0].type in FLOATS and node.type in FLOATS + ENCODABLE \
-        and node.src[1].type in (I32, I64)
+    return (node.src[0].type in FLOATS and node.type in FLOATS + ENCODABLE
+        and node.src[1].type in (I32, I64))
 
 
 def _mul_mat_ok(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
-    return node.type == F32 and b.type in FLOATS and a.type in MATMUL_WEIGHTS \
-        and (a.type in FLOATS or a.is_contiguous_rows())
+    return (node.type == F32 and b.type in FLOATS and a.type in MATMUL_WEIGHTS
+        and (a.type in FLOATS or a.is_contiguous_rows()))
 
 
 def _mul_mat_id_ok(node: Tensor) -> bool:
@@ -92,8 +92,8 @@ def _flash_attn_ok(node: Tensor) -> bool:
     mask = node.src[3] if len(node.src) > 3 else None
     sinks = node.src[4] if len(node.src) > 4 else None
     kv_ok = k.type == v.type and k.type in MATMUL_WEIGHTS
-    return q.type == F32 and kv_ok and (mask is None or mask.type == F16) \
-        and (sinks is None or sinks.type == F32) and v.ne[0] <= FLASH_ATTN_MAX_DV
+    return (q.type == F32 and kv_ok and (mask is None or mask.type == F16)
+        and (sinks is None or sinks.type == F32) and v.ne[0] <= FLASH_ATTN_MAX_DV)
 
 
 KERNELS: dict[Hashable, Kernel] = {

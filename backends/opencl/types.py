@@ -21,8 +21,8 @@ ENCODABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLTyp
 ONE_SOURCE_OPS = (Op.SQR, Op.SQRT, Op.LOG, Op.SIN, Op.COS, Op.SCALE, Op.CLAMP, Op.LEAKY_RELU,
                   Op.FILL)
 UNARY_FUNCTIONS = tuple(fn for fn in UnaryOp if fn != UnaryOp.XIELU)
-_FN_NAMES = [fn.name for fn in UNARY_FUNCTIONS] + [op.name for op in ONE_SOURCE_OPS] \
-    + ["ADD", "SUB", "MUL", "DIV"] + [fn.name for fn in GluOp]
+_FN_NAMES = ([fn.name for fn in UNARY_FUNCTIONS] + [op.name for op in ONE_SOURCE_OPS]
+    + ["ADD", "SUB", "MUL", "DIV"] + [fn.name for fn in GluOp])
 FN_CODES = {name: code for code, name in enumerate(_FN_NAMES)}
 FN_DEFINES = {f"FN_{name}": code for name, code in FN_CODES.items()}
 

@@ -33,8 +33,8 @@ def soft_max_ext(ctx, a: Tensor, mask: Tensor | None, scale: float = 1.0, max_bi
         _check(mask.type in (GGMLType.F16, GGMLType.F32), "soft_max",
                f"mask must be f16 or f32, got {mask.type}", TensorTypeError)
         _check(mask.is_contiguous(), "soft_max", f"mask {_ne(mask)} must be contiguous")
-        ok = mask.ne[0] == a.ne[0] and mask.ne[1] >= a.ne[1] and a.ne[2] % mask.ne[2] == 0 \
-            and a.ne[3] % mask.ne[3] == 0
+        ok = (mask.ne[0] == a.ne[0] and mask.ne[1] >= a.ne[1] and a.ne[2] % mask.ne[2] == 0
+            and a.ne[3] % mask.ne[3] == 0)
         _check(ok, "soft_max", f"mask {_ne(mask)} does not fit {_ne(a)}: ne[0] must match, ne[1] "
                f"must cover a's rows and dims 2-3 must divide a's")
     _check(max_bias <= 0 or mask is not None, "soft_max", "max_bias > 0 (ALiBi) needs a mask",
@@ -104,9 +104,9 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: i
     if mode == RopeMode.VISION:
         _check(2 * n_dims == a.ne[0], "rope", f"vision RoPE rotates whole rows: n_dims={n_dims} "
                f"must be half of ne[0] of {_ne(a)}", InvalidArgumentError)
-    params = (0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale),
-              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow)) \
-        + secs + (0,)
+    params = ((0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale),
+              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow))
+        + secs + (0,))
     return _unary_like(ctx, Op.ROPE, a, params, inplace, srcs=[a, pos, freq_factors])
 
 
@@ -135,8 +135,8 @@ def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
         _check(mask.type == GGMLType.F16, "flash_attn_ext", f"mask must be f16, got {mask.type}",
                TensorTypeError)
         _check(mask.is_contiguous(), "flash_attn_ext", f"mask {_ne(mask)} must be contiguous")
-        ok = mask.ne[0] == k.ne[1] and mask.ne[1] >= q.ne[1] and q.ne[2] % mask.ne[2] == 0 \
-            and q.ne[3] % mask.ne[3] == 0
+        ok = (mask.ne[0] == k.ne[1] and mask.ne[1] >= q.ne[1] and q.ne[2] % mask.ne[2] == 0
+            and q.ne[3] % mask.ne[3] == 0)
         _check(ok, "flash_attn_ext", f"mask {_ne(mask)} does not fit q {_ne(q)} and k {_ne(k)}")
     _check(max_bias <= 0 or mask is not None, "flash_attn_ext",
            "max_bias > 0 (ALiBi) needs a mask", InvalidArgumentError)

@@ -58,8 +58,8 @@ def im2col(ctx, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: in
         oh = 1
     ow = conv_output_size(b.ne[0], a.ne[0], s0, p0, d0)
     _check(ow > 0 and oh > 0, "im2col", f"input {_ne(b)} is smaller than kernel {_ne(a)}")
-    ne = (a.ne[2] * a.ne[1] * a.ne[0], ow, oh, b.ne[3]) if is_2d \
-        else (a.ne[1] * a.ne[0], ow, b.ne[2], 1)
+    ne = ((a.ne[2] * a.ne[1] * a.ne[0], ow, oh, b.ne[3]) if is_2d
+        else (a.ne[1] * a.ne[0], ow, b.ne[2], 1))
     return _result(ctx, Op.IM2COL, dst_type, ne, [a, b],
                    (int(s0), int(s1), int(p0), int(p1), int(d0), int(d1), int(bool(is_2d))))
 

@@ -43,8 +43,8 @@ def div(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
 
 def scale(ctx, a: Tensor, s: float, b: float = 0.0, inplace: bool = False) -> Tensor:
     """a * s + b (ggml_scale / ggml_scale_bias)."""
-    padded = a.nb[0] == a.traits.type_size and a.nb[2] == a.nb[1] * a.ne[1] \
-        and a.nb[3] == a.nb[2] * a.ne[2]
+    padded = (a.nb[0] == a.traits.type_size and a.nb[2] == a.nb[1] * a.ne[1]
+        and a.nb[3] == a.nb[2] * a.ne[2])
     _check(padded, "scale", f"{_ne(a)} nb={list(a.nb)} must be padded 1-d (rows may be strided)")
     return _unary_like(ctx, Op.SCALE, a, (float(s), float(b)), inplace)
 
@@ -129,21 +129,21 @@ def reglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Ten
 
 
 def geglu_erf(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
-    return glu(ctx, a, GluOp.GEGLU_ERF, swapped) if b is None \
-        else glu_split(ctx, a, b, GluOp.GEGLU_ERF)
+    return (glu(ctx, a, GluOp.GEGLU_ERF, swapped) if b is None
+        else glu_split(ctx, a, b, GluOp.GEGLU_ERF))
 
 
 def geglu_quick(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
-    return glu(ctx, a, GluOp.GEGLU_QUICK, swapped) if b is None \
-        else glu_split(ctx, a, b, GluOp.GEGLU_QUICK)
+    return (glu(ctx, a, GluOp.GEGLU_QUICK, swapped) if b is None
+        else glu_split(ctx, a, b, GluOp.GEGLU_QUICK))
 
 
 def swiglu_oai(ctx, a: Tensor, b: Tensor | None = None, alpha: float = 1.702,
                limit: float = 7.0, swapped: bool = False) -> Tensor:
     """gpt-oss's clamped SwiGLU: x = min(x, limit), g = clamp(g, -limit, limit),
     result = x * sigmoid(alpha * x) * (g + 1). op_params: [fn, swapped, alpha, limit]."""
-    t = glu(ctx, a, GluOp.SWIGLU_OAI, swapped) if b is None \
-        else glu_split(ctx, a, b, GluOp.SWIGLU_OAI)
+    t = (glu(ctx, a, GluOp.SWIGLU_OAI, swapped) if b is None
+        else glu_split(ctx, a, b, GluOp.SWIGLU_OAI))
     t.op_params = t.op_params[:2] + (float(alpha), float(limit))
     return t
 

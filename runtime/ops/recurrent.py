@@ -46,10 +46,10 @@ def ssm_scan(ctx, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Ten
     for t in (s, dt, A):
         _check(t.is_contiguous(), "ssm_scan", f"{_ne(t)} must be contiguous")
     d_state, head_dim, n_head, n_tokens, n_seqs = s.ne[0], x.ne[0], x.ne[1], x.ne[2], x.ne[3]
-    ok = dt.ne[:3] == (n_head, n_tokens, n_seqs) and s.ne[1] == head_dim and s.ne[2] == n_head \
-        and B.same_shape(C) and B.ne[0] == d_state and B.ne[2:] == (n_tokens, n_seqs) \
-        and n_head % B.ne[1] == 0 and ids.ne[0] == n_seqs and A.ne[1] == n_head \
-        and A.ne[0] in (1, d_state)
+    ok = (dt.ne[:3] == (n_head, n_tokens, n_seqs) and s.ne[1] == head_dim and s.ne[2] == n_head
+        and B.same_shape(C) and B.ne[0] == d_state and B.ne[2:] == (n_tokens, n_seqs)
+        and n_head % B.ne[1] == 0 and ids.ne[0] == n_seqs and A.ne[1] == n_head
+        and A.ne[0] in (1, d_state))
     _check(ok, "ssm_scan", f"shapes do not fit: s {_ne(s)}, x {_ne(x)}, dt {_ne(dt)}, "
            f"A {_ne(A)}, B {_ne(B)}, C {_ne(C)}, ids {_ne(ids)}")
     for t in (x, B, C):

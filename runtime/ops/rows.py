@@ -28,8 +28,8 @@ def set_rows(ctx, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
 
     The result is a view of ``a``; ggml's source order is kept: src = [b, c, a].
     """
-    ok = a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3] and b.ne[1] == c.ne[0] \
-        and b.ne[2] % c.ne[1] == 0 and b.ne[3] % c.ne[2] == 0 and c.ne[3] == 1
+    ok = (a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3] and b.ne[1] == c.ne[0]
+        and b.ne[2] % c.ne[1] == 0 and b.ne[3] % c.ne[2] == 0 and c.ne[3] == 1)
     _check(ok, "set_rows", f"destination {_ne(a)}, rows {_ne(b)} and indices {_ne(c)} do not fit")
     _check(b.type in (GGMLType.F32, GGMLType.F16), "set_rows", f"rows must be f32 or f16, got "
            f"{b.type}", TensorTypeError)

@@ -62,8 +62,8 @@ def conv_2d_cases() -> Iterator[Case]:
             for cin, cout in ((1, 1), (25, 12)):
                 for kh, kw in ((1, 1), (2, 3), (3, 2), (11, 11)):
                     for h, w in ((1, 1), (133, 141), (1, 141)):
-                        if conv_output_size(w, kw, s0, p0, d0) <= 0 or \
-                                conv_output_size(h, kh, s1, p1, d1) <= 0:
+                        if (conv_output_size(w, kw, s0, p0, d0) <= 0 or
+                                conv_output_size(h, kh, s1, p1, d1) <= 0):
                             continue
                         for type_kernel in (F32, F16):
                             yield _conv_2d((w, h, cin, 2), (kw, kh, cin, cout), type_kernel, s0,

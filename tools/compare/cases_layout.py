@@ -137,8 +137,8 @@ def _set_rows(src_type: GGMLType, dst_type: GGMLType, idx_type: GGMLType, ne, nr
             src = ctx.view_4d(src, ne[0], r // 2, d2, d3, src.nb[1], src.nb[2], src.nb[3])
             rows = ctx.view_3d(rows, r // 2, ne[2], ne[3], rows.nb[1], rows.nb[2])
         return ops.set_rows(ctx, dst, src, rows)
-    err = quant_step_err(dst_type, ne[0] * r * d2 * d3, 1.0) * (16 if src_type == F16 else 1) \
-        if dst_type in QUANT_BITS_SCALE else 1e-7
+    err = (quant_step_err(dst_type, ne[0] * r * d2 * d3, 1.0) * (16 if src_type == F16 else 1)
+        if dst_type in QUANT_BITS_SCALE else 1e-7)
     return case("SET_ROWS", build, max_err=err, type_src=src_type, type=dst_type,
                 type_idx=idx_type, ne=ne,
                 nr23=nr23, r=r, v=v)

@@ -16,8 +16,8 @@ from polydev import Device
 from polydev.errors import InvalidArgumentError
 
 from .case import Case
-from .catalogue import all_op_names, check_op_filter, eval_cases, parse_op_filter, perf_cases, \
-    select
+from .catalogue import (all_op_names, check_op_filter, eval_cases, parse_op_filter, perf_cases,
+                        select)
 from .coverage import coverage_report
 from .report import ConsolePrinter, Printer, make_printer
 from .runner import Result, Status, run_perf, run_support, run_test
@@ -126,8 +126,8 @@ def _run_device(device: Device, cases: Sequence[Case], args: argparse.Namespace,
     def run_chunk(chunk: Sequence[Case], seed: int, report: Callable[[Result], None]) -> list:
         rng = np.random.default_rng(seed)
         out = []
-        with device.init_backend() as backend, \
-                (reference.init_backend() if args.mode == "test" else nullcontext()) as ref:
+        with (device.init_backend() as backend,
+                (reference.init_backend() if args.mode == "test" else nullcontext()) as ref):
             for c in chunk:
                 out.append(run_case(c, backend, ref, rng))
                 report(out[-1])
