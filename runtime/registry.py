@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
+import time
 from importlib import metadata
 from typing import Callable
 
 from .device import Backend, Device, DeviceType, Reg
-from .errors import DeviceNotFoundError
+from .errors import DeviceNotFoundError, InvalidArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class Registry:
                 self._load_entry_point(ep)
 
     def _load_entry_point(self, ep: metadata.EntryPoint) -> None:
+        start = time.perf_counter()
         try:
             result = ep.load()()
         except Exception as e:   # a broken backend must not break the others
@@ -64,6 +67,7 @@ class Registry:
         for reg in result if isinstance(result, (list, tuple)) else [result]:
             if reg is not None:
                 self.register(reg)
+                _log_reg(reg, ep, time.perf_counter() - start)
 
     def register(self, reg: Reg) -> Reg:
         """Add a reg and its devices; a reg with an already registered name is ignored."""
@@ -117,6 +121,9 @@ class Registry:
         """A device by name: "CUDA0", "cuda:0", "cuda" (the first), "CPU", "cpu"; any case."""
         if isinstance(name, Device):
             return name
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"a device is named by a string such as \"CPU\" or "
+                                       f"\"cuda:0\", or given as a Device; got {name!r}")
         key = name.strip().lower()
         devs = self.devices
         for d in devs:
@@ -130,7 +137,17 @@ class Registry:
                 if index.isdigit() and int(index) < len(r.devices):
                     return r.devices[int(index)]
         known = ", ".join(d.name for d in devs) or "none"
-        raise DeviceNotFoundError(f"unknown device {name!r}; known devices: {known}")
+        raise DeviceNotFoundError(f"unknown device {name!r}; known devices: {known}"
+                                  f"{self._why_not(key)}")
+
+    def _why_not(self, key: str) -> str:
+        """Why the backend a name points at ("cuda:0", "CUDA1", "cuda") has no devices."""
+        reg_name = re.sub(r"(:\d*|\d+)$", "", key)
+        for r in self.regs:
+            if r.name.lower() == reg_name and not r.devices:
+                return f" (backend {r.name} has none: {r.unavailable_reason or 'no reason given'})"
+        error = next((e for n, e in self.load_errors.items() if n.lower() == reg_name), None)
+        return f" (backend {reg_name} failed to load: {error})" if error else ""
 
     def device_by_type(self, type_: DeviceType) -> Device | None:
         """The first device of that type, or None; for CPU, the CPU backend's own device
@@ -155,6 +172,15 @@ class Registry:
 
     def init_best_backend(self) -> Backend:
         return self.best_device().init_backend()
+
+
+def _log_reg(reg: Reg, ep: metadata.EntryPoint, seconds: float) -> None:
+    if reg.devices:
+        log.debug("backend %s (entry point %s, %.0f ms): %s", reg.name, ep.value,
+                  seconds * 1e3, ", ".join(f"{d.name} [{d.description}]" for d in reg.devices))
+    else:
+        log.debug("backend %s (entry point %s, %.0f ms): no devices: %s", reg.name, ep.value,
+                  seconds * 1e3, reg.unavailable_reason or "no reason given")
 
 
 def reg_once(make: Callable[[], Reg]) -> Callable[[], Reg]:

@@ -184,8 +184,11 @@ class Tensor:
     def set_data(self, array: Any) -> None:
         """Write values into the tensor, converting to its type (quantizing where it can).
 
-        ``array`` must hold ``nelements`` values; a ``bytes``-like object or a uint8 array of
-        exactly ``nbytes`` is written as raw bytes (the way to load quantized weights).
+        ``array`` holds the values in numpy order: its shape is ``reversed(ne)`` (leading 1s
+        may be left out on either side, so a 2-d matrix fills an [K, M, 1, 1] tensor). Raw
+        bytes load stored forms such as quantized weights: a ``bytes``-like object of exactly
+        ``nbytes``, or for a block-format tensor a uint8 array of that many bytes. Anything
+        else raises and writes nothing.
         """
         from .buffer import tensor_get, tensor_set   # buffer.py imports this module
         self._require_buffer()
@@ -193,10 +196,7 @@ class Tensor:
         if raw is not None:
             tensor_set(self, raw)
             return
-        values = np.asarray(array)
-        if values.size != self.nelements:
-            raise ShapeError(f"cannot set {self.name or 'tensor'} with ne={list(self.ne)} "
-                             f"({self.nelements} elements) from an array of shape {values.shape}")
+        values = _checked_values(array, self)
         encoded = _encode(values.reshape(self.shape), self.type)
         if self.is_contiguous():
             tensor_set(self, encoded)
@@ -268,15 +268,50 @@ def _encode(values: np.ndarray, type_: GGMLType) -> np.ndarray:
         if not (np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_):
             raise TensorTypeError(f"cannot store {values.dtype} values in an {tr.name} tensor")
         return values.astype(tr.np_dtype)
-    if type_ in (GGMLType.F32, GGMLType.F64) or (type_ == GGMLType.F16 and values.dtype == np.float16):
+    same_half = type_ == GGMLType.F16 and values.dtype == np.float16
+    if type_ in (GGMLType.F32, GGMLType.F64) or same_half:
         return values.astype(tr.np_dtype)
     return quantize(values, type_)
 
 
 def _raw_bytes_if_any(array: Any, t: Tensor) -> np.ndarray | None:
+    """The bytes to write as they are: a bytes-like object (exactly nbytes of them), or a
+    uint8 array of exactly nbytes for a block-format tensor."""
     if isinstance(array, (bytes, bytearray, memoryview)):
-        return np.frombuffer(array, dtype=np.uint8)
-    if (isinstance(array, np.ndarray) and array.dtype == np.uint8 and t.type != GGMLType.I8
-            and array.nbytes == t.nbytes and t.traits.is_quantized):
-        return array.reshape(-1)
+        raw = np.frombuffer(array, dtype=np.uint8)
+        if raw.size != t.nbytes:
+            raise ShapeError(f"cannot set {t.name or 'tensor'} ({t.type}, ne={list(t.ne)}, "
+                             f"{t.nbytes} bytes) from {raw.size} raw bytes")
+        return raw
+    if (isinstance(array, np.ndarray) and array.dtype == np.uint8 and t.traits.is_quantized
+            and array.nbytes == t.nbytes):
+        return np.ascontiguousarray(array).reshape(-1)
     return None
+
+
+# numpy kinds a tensor's values may come as: booleans, integers and real floats
+_VALUE_KINDS = "biuf"
+
+
+def _checked_values(array: Any, t: Tensor) -> np.ndarray:
+    """``array`` as numpy values of real numbers in the tensor's shape, or a typed error."""
+    try:
+        values = np.asarray(array)
+    except (TypeError, ValueError) as e:       # ragged nested sequences
+        raise ShapeError(f"cannot set {t.name or 'tensor'} from {type(array).__name__}: "
+                         f"{e}") from None
+    if values.dtype.kind not in _VALUE_KINDS:
+        raise TensorTypeError(f"cannot set {t.name or 'tensor'} ({t.type}) from an array of "
+                              f"{values.dtype} values: real numbers only")
+    if _without_leading_ones(values.shape) != _without_leading_ones(t.shape):
+        raise ShapeError(f"cannot set {t.name or 'tensor'} with ne={list(t.ne)} (numpy shape "
+                         f"{_without_leading_ones(t.shape)}) from an array of shape "
+                         f"{values.shape}")
+    return values
+
+
+def _without_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape

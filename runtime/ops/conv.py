@@ -81,8 +81,13 @@ def conv_1d(ctx, a: Tensor, b: Tensor, s0: int = 1, p0: int = 0, d0: int = 1) ->
 def conv_2d(ctx, a: Tensor, b: Tensor, s0: int = 1, s1: int = 1, p0: int = 0, p1: int = 0,
             d0: int = 1, d1: int = 1) -> Tensor:
     """2-D convolution as ggml builds it (im2col + mul_mat): kernel a [KW, KH, IC, OC],
-    input b [W, H, IC, N] -> [OW, OH, OC, N]."""
-    cols = im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, True)                # [IC*KH*KW, OW, OH, N]
+    input b [W, H, IC, N] -> [OW, OH, OC, N].
+
+    The patches (IM2COL) take the kernel's type, as in the ggml that ggml-python builds: an
+    F32 kernel keeps F32 patches. (Newer ggml, llama.cpp #23660, makes them F16 unless the
+    kernel is BF16, which rounds the input of an F32 convolution to half precision.)
+    """
+    cols = im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, True, a.type)        # [IC*KH*KW, OW, OH, N]
     out = mul_mat(ctx, reshape(ctx, cols, cols.ne[0], cols.ne[3] * cols.ne[2] * cols.ne[1]),
                   reshape(ctx, a, a.ne[0] * a.ne[1] * a.ne[2], a.ne[3]))  # [N*OH*OW, OC]
     out = reshape(ctx, out, cols.ne[1], cols.ne[2], cols.ne[3], a.ne[3])  # [OW, OH, N, OC]
