@@ -117,11 +117,19 @@ def test_perf_mode_reports_throughput(capsys, monkeypatch):
     monkeypatch.setattr(runner, "PERF_MIN_SECONDS", 0.05)
     code, out = _run(capsys, "perf", "-b", "CPU", "-o", "ADD,MUL_MAT", "-p", "n=1,|ne=",
                      "--output", "json")
-    doc = json.loads(out)
-    assert code == 0 and doc["mode"] == "perf"
-    by_op = {r["op_name"]: r for r in doc["results"]}
+    records = _json_lines(out)
+    assert code == 0 and records[-1] == {"type": "summary", "mode": "perf", "ok": True,
+                                         "backends_passed": records[-1]["backends_total"],
+                                         "backends_total": records[-1]["backends_total"],
+                                         "failures": []}
+    by_op = {r["op_name"]: r for r in records if r["type"] == "case"}
     assert by_op["MUL_MAT"]["flops"] > 0 and by_op["MUL_MAT"]["n_runs"] >= 1
     assert by_op["ADD"]["bandwidth_gb_s"] > 0
+
+
+def _json_lines(out: str) -> list[dict]:
+    """``--output json``: one JSON object per line, nothing else."""
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def test_list_ops_and_coverage(capsys):
@@ -238,6 +246,6 @@ def test_an_unwritten_output_is_caught(capsys, faulty):
 def test_a_faulty_device_fails_and_a_healthy_one_passes_in_one_run(capsys, faulty):
     code, out = _run(capsys, "-b", "Faulty0,Faulty1,CPU", "-o", "ADD,MUL",
                      "-p", "ne=\\[10,5,4,3\\],nr=\\[1,1,1,1\\]", "--output", "json")
-    doc = json.loads(out)
-    verdict = {d["name"]: d["ok"] for d in doc["devices"] if "skipped" not in d}
+    records = _json_lines(out)
+    verdict = {d["name"]: d["ok"] for d in records if d["type"] == "device" and "skipped" not in d}
     assert code == 1 and verdict == {"Faulty0": False, "Faulty1": True, "CPU": True}

@@ -15,8 +15,10 @@ CAP_LABELS = {"async_": "async", "host_buffer": "host_buffer",
               "buffer_from_host_ptr": "from_host_ptr", "events": "events"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("devices", help="list every device (name, type, memory, capabilities)",
+def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``polydev devices [--json] [-v]``."""
+    p = sub.add_parser("devices", parents=parents,
+                       help="list every device (name, type, memory, capabilities)",
                        description="List every device of every registered backend, "
                                    "accelerators first and the CPU last.")
     p.add_argument("--json", action="store_true", help="print JSON for machines")
@@ -38,6 +40,7 @@ def _props_dict(p: DeviceProps, reg: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the devices as a table (or JSON), and with -v the backends without any."""
     reg = polydev.registry()
     devices = [(d.props(), d.reg.name if d.reg else "?") for d in reg.devices]
     unavailable = {r.name: r.unavailable_reason for r in reg.regs if not r.devices}

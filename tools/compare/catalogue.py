@@ -3,6 +3,7 @@ realistic LLM sizes for ``perf``; plus the filters ``-o`` and ``-p``."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Iterable, Iterator
 
@@ -79,13 +80,22 @@ def parse_op_filter(text: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
-def check_op_filter(op_filter: Iterable[str]) -> None:
-    """Reject a bare op name that is not an op (a typo would silently match nothing)."""
-    known = set(all_op_names())
+def check_op_filter(op_filter: Iterable[str]) -> list[str]:
+    """The filter with op names in their canonical (upper) case, case names' op part too;
+    an unknown op name is an error that suggests the closest (a typo would silently match
+    nothing)."""
+    known = all_op_names()
+    checked = []
     for item in op_filter:
-        if "(" not in item and item not in known:
-            raise InvalidArgumentError(f"unknown op {item!r} in -o; `polydev compare "
+        op, paren, rest = item.partition("(")
+        op = op.strip().upper()
+        if op not in known:
+            close = difflib.get_close_matches(op, known, n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise InvalidArgumentError(f"unknown op {item!r} in -o; {hint}`polydev compare "
                                        f"--list-ops` lists the op names")
+        checked.append(op + paren + rest)
+    return checked
 
 
 def select(cases: Iterable[Case], op_filter: list[str] | None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import threading
 from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
@@ -26,9 +27,11 @@ REFERENCE_DEVICE = "CPU"
 CHUNK = 100            # cases per job with -j, as test-backend-ops hands them out
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``polydev compare [test|perf|support] ...``."""
     p = sub.add_parser(
-        "compare", help="check every device's ops against the CPU backend (test-backend-ops)",
+        "compare", parents=parents,
+        help="check every device's ops against the CPU backend (test-backend-ops)",
         description="Run the op cases on each device and compare every result with the CPU "
                     "backend (mode test), time them (perf) or ask which are supported (support). "
                     "Exit status 0 only if every tested device passed.")
@@ -36,24 +39,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="test (default): compare with the CPU; perf: time realistic sizes; "
                         "support: list SUPPORTED / NOT SUPPORTED without computing")
     p.add_argument("-o", dest="ops", metavar="OPS",
-                   help="comma-separated op names (ADD,MUL_MAT,SILU) or full case names "
-                        "'OP(vars)'")
+                   help="comma-separated op names (ADD,MUL_MAT,SILU; any case) or full case "
+                        "names 'OP(vars)'")
     p.add_argument("-b", dest="devices", metavar="DEVICES",
                    help="comma-separated device names to test (default: every device)")
     p.add_argument("-p", dest="params", metavar="REGEX",
                    help="only cases whose parameters match this regular expression")
-    p.add_argument("--output", choices=["console", "csv", "json"], default="console",
-                   help="console (default; coloured on a terminal), csv or json")
+    p.add_argument("--output", type=str.lower, choices=["console", "csv", "json"],
+                   default="console",
+                   help="console (default; coloured on a terminal), csv, or json: one JSON "
+                        "object per line, per case as it finishes, then per device and a "
+                        "summary")
     p.add_argument("--list-ops", action="store_true", help="print every op name and exit")
     p.add_argument("--show-coverage", action="store_true",
                    help="which ops have cases and which devices have kernels for them")
-    p.add_argument("-j", dest="jobs", type=int, default=1, metavar="N",
+    p.add_argument("-j", dest="jobs", type=_count(1), default=1, metavar="N",
                    help="parallel jobs in test mode, each with its own backends (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=_count(0), default=0,
+                   help="seed of the random inputs, 0 or more (default 0)")
     p.set_defaults(run=run)
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+    return parse
+
+
 def run(args: argparse.Namespace) -> int:
+    """Run the selected cases on the selected devices; 0 only if every device passed."""
     if args.list_ops:
         print("\n".join(all_op_names()))
         return 0
@@ -62,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
         print(coverage_report(eval_cases(), devices))
         return 0
     cases = _selected_cases(args)
-    if args.jobs < 1:
-        raise InvalidArgumentError(f"-j needs a positive number of jobs, got {args.jobs}")
     wanted = _wanted_devices(args.devices)
     printer = make_printer(args.output)
     if isinstance(printer, ConsolePrinter):
@@ -89,9 +108,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _selected_cases(args: argparse.Namespace) -> list[Case]:
-    op_filter = parse_op_filter(args.ops) if args.ops else None
-    if op_filter:
-        check_op_filter(op_filter)
+    op_filter = None
+    if args.ops is not None:
+        op_filter = check_op_filter(parse_op_filter(args.ops))
+        if not op_filter:
+            raise InvalidArgumentError(f"-o {args.ops!r} names no op")
     if args.params:
         try:
             re.compile(args.params)
@@ -100,14 +121,18 @@ def _selected_cases(args: argparse.Namespace) -> list[Case]:
     source = perf_cases() if args.mode == "perf" else eval_cases()
     cases = list(select(source, op_filter, args.params))
     if not cases:
-        print("polydev compare: no case matches the -o/-p filters", file=sys.stderr)
+        given = " ".join(f"{flag} {value!r}" for flag, value in
+                         (("-o", args.ops), ("-p", args.params)) if value)
+        raise InvalidArgumentError(f"no {args.mode} case matches {given}")
     return cases
 
 
 def _wanted_devices(names: str | None) -> set[str] | None:
-    if not names:
+    if names is None:
         return None
     wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise InvalidArgumentError(f"-b {names!r} names no device")
     for name in wanted:          # an unknown name is a mistake, not a silent skip
         polydev.device(name)
     return {polydev.device(n).name.lower() for n in wanted}
@@ -123,12 +148,16 @@ def _run_device(device: Device, cases: Sequence[Case], args: argparse.Namespace,
             return run_test(c, backend, ref, rng)
         return run_perf(c, backend, rng) if args.mode == "perf" else run_support(c, backend)
 
+    stop = threading.Event()          # set on Ctrl-C: the jobs end after their current case
+
     def run_chunk(chunk: Sequence[Case], seed: int, report: Callable[[Result], None]) -> list:
         rng = np.random.default_rng(seed)
         out = []
-        with (device.init_backend() as backend,
-                (reference.init_backend() if args.mode == "test" else nullcontext()) as ref):
+        reference_backend = reference.init_backend() if args.mode == "test" else nullcontext()
+        with device.init_backend() as backend, reference_backend as ref:
             for c in chunk:
+                if stop.is_set():
+                    break
                 out.append(run_case(c, backend, ref, rng))
                 report(out[-1])
         return out
@@ -145,10 +174,15 @@ def _run_device(device: Device, cases: Sequence[Case], args: argparse.Namespace,
         with ThreadPoolExecutor(args.jobs) as pool:
             futures = [pool.submit(run_chunk, chunk, args.seed + i, lambda r: None)
                        for i, chunk in enumerate(chunks)]
-            for future in futures:          # printed in catalogue order, chunk by chunk
-                for r in future.result():
-                    report(r)
-                    results.append(r)
+            try:
+                for future in futures:          # printed in catalogue order, chunk by chunk
+                    for r in future.result():
+                        report(r)
+                        results.append(r)
+            except BaseException:               # Ctrl-C: drop the queued chunks, stop the rest
+                stop.set()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
         return results
     finally:
         progress.done()

@@ -1,5 +1,5 @@
 """What ``polydev compare`` prints: test-backend-ops' console lines (coloured on a terminal),
-its CSV columns, or one JSON document."""
+its CSV columns, or JSON lines."""
 
 from __future__ import annotations
 
@@ -132,35 +132,39 @@ class CsvPrinter(Printer):
         self.stream.flush()
 
 
-class JsonPrinter(Printer):
-    """One JSON document at the end: the csv fields of every case (plus ``passed``, and the
-    figures in perf mode), a summary per device and the overall verdict."""
+class JsonLinesPrinter(Printer):
+    """JSON lines, each written and flushed as soon as it is known, so an interrupted run
+    keeps what it measured: ``{"type": "case", ...}`` per case (the csv fields, ``passed``,
+    and the figures in perf mode), ``{"type": "device", ...}`` per device, and a last
+    ``{"type": "summary", ...}``."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
-        self.results: list[dict] = []
-        self.devices: list[dict] = []
+
+    def _write(self, record: dict) -> None:
+        self.stream.write(json.dumps(record) + "\n")
+        self.stream.flush()
 
     def result(self, r: Result) -> None:
-        row = {f: getattr(r, f) for f in CSV_FIELDS}
-        row["passed"] = r.passed
+        row = {"type": "case", **{f: getattr(r, f) for f in CSV_FIELDS}, "passed": r.passed}
         if r.test_mode == "perf" and r.supported:
             row.update({f: getattr(r, f) for f in PERF_FIELDS})
-        self.results.append(row)
+        self._write(row)
 
     def device_header(self, index, total, name, description="", memory=None, skip_reason=""):
         if skip_reason:
-            self.devices.append({"name": name, "skipped": skip_reason})
+            self._write({"type": "device", "name": name, "skipped": skip_reason})
 
     def device_summary(self, name, passed, total, ok):
-        self.devices.append({"name": name, "passed": passed, "total": total, "ok": ok})
+        self._write({"type": "device", "name": name, "passed": passed, "total": total, "ok": ok})
 
     def finish(self, devices_ok, devices_total, failures, mode):
-        doc = {"mode": mode, "ok": devices_ok == devices_total, "backends_passed": devices_ok,
-               "backends_total": devices_total, "devices": self.devices, "results": self.results}
-        json.dump(doc, self.stream, indent=1)
-        self.stream.write("\n")
+        self._write({"type": "summary", "mode": mode, "ok": devices_ok == devices_total,
+                     "backends_passed": devices_ok, "backends_total": devices_total,
+                     "failures": [f"[{r.backend_name}] {r.case_name}" for r in failures]})
 
 
 def make_printer(output: str, stream: TextIO | None = None) -> Printer:
-    return {"console": ConsolePrinter, "csv": CsvPrinter, "json": JsonPrinter}[output](stream)
+    """The printer of ``--output`` (console, csv or json)."""
+    printers = {"console": ConsolePrinter, "csv": CsvPrinter, "json": JsonLinesPrinter}
+    return printers[output](stream)
