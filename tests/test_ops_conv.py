@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polydev import Context, GGMLType, ops
+from polydev import Context, GGMLType, Op, build_graph, ops
 from polydev.errors import InvalidArgumentError, ShapeError
 from polydev.ops import PoolOp
 
@@ -159,3 +159,15 @@ def test_conv_validation():
         ops.pool_2d(ctx, x, PoolOp.MAX, 9, 9, 1, 1)   # window larger than input
     with pytest.raises(InvalidArgumentError):
         ops.conv_2d_direct(ctx, k, ctx.new_tensor(GGMLType.F32, (8, 8, 2, 1)), 0)
+
+
+@pytest.mark.parametrize("kernel_type", [GGMLType.F32, GGMLType.F16])
+def test_conv_2d_patches_take_the_kernels_type(kernel_type):
+    """ggml_conv_2d builds its IM2COL with the kernel's type (ggml-python's ggml); an F32
+    kernel must not round the input to F16 on the way."""
+    ctx = Context()
+    a = ctx.new_tensor(kernel_type, (3, 3, 4, 2))
+    b = ctx.new_tensor(GGMLType.F32, (8, 8, 4, 1))
+    graph = build_graph(ops.conv_2d(ctx, a, b, 1, 1, 1, 1))
+    (patches,) = [n for n in graph.nodes if n.op == Op.IM2COL]
+    assert patches.type == kernel_type

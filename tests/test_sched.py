@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import polydev
 from polydev import BufferUsage, Context, GGMLType, alloc_ctx_tensors, build_graph, ops
-from polydev.errors import InvalidArgumentError
+from polydev.errors import ClosedError, ConfigError, InvalidArgumentError, UnsupportedError
 from polydev.sched import Scheduler
 from polydev import sched_split
 
@@ -151,6 +151,98 @@ def test_a_graph_of_the_same_structure_reuses_the_placement(rng, monkeypatch):
                 np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v),
                                            rtol=1e-4, atol=1e-5)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("use_opencl", [False, pytest.param(True, marks=needs_opencl)])
+def test_a_new_graph_of_the_same_structure_keeps_the_bound_plans(rng, monkeypatch, use_opencl):
+    """A decode loop that builds a new Graph per step binds its kernels once, not per step."""
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    backends = ([OPENCL[0].init_backend()] if use_opencl else []) + [polydev.init_backend("CPU")]
+    binds = []
+    for b in backends:
+        real = b.bind
+        monkeypatch.setattr(b, "bind", lambda node, real=real: binds.append(node) or real(node))
+    with Scheduler(backends) as sched:
+        buf, t = _weights(backends[0], {"w0": w0v})
+        buf1, t1 = _weights(backends[-1], {"w1": w1v})
+        with buf, buf1:
+            for step in range(4):
+                x, y, graph = _mlp(t["w0"], t1["w1"])
+                sched.alloc_graph(graph)
+                xv = rng.standard_normal((3, K)).astype(np.float32)
+                x.set_data(xv)
+                sched.compute(graph)
+                np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v),
+                                           rtol=1e-4, atol=1e-5)
+                if step == 0:
+                    first = len(binds)
+    assert first > 0 and len(binds) == first
+    for b in backends:
+        b.close()
+
+
+def test_a_changed_graph_is_bound_again(rng):
+    """Plans follow the ops, not only the memory: same shapes, another op, another result."""
+    with polydev.init_backend("CPU") as cpu, Scheduler([cpu]) as sched:
+        for fn, ref in ((ops.silu, lambda v: v / (1 + np.exp(-v))), (ops.neg, np.negative)):
+            ctx = Context()
+            x = ctx.new_tensor(GGMLType.F32, (K, 2), "x").set_input()
+            y = fn(ctx, x).set_output()
+            graph = build_graph(y)
+            sched.alloc_graph(graph)
+            xv = rng.standard_normal((2, K)).astype(np.float32)
+            x.set_data(xv)
+            sched.compute(graph)
+            np.testing.assert_allclose(y.numpy()[0, 0], ref(xv), rtol=1e-6)
+
+
+def test_a_closed_scheduler_raises(rng):
+    with polydev.init_backend("CPU") as cpu:
+        sched = Scheduler([cpu])
+        buf, t = _weights(cpu, {"w0": np.eye(K, dtype=np.float32),
+                                "w1": np.eye(K, dtype=np.float32)})
+        x, y, graph = _mlp(t["w0"], t["w1"])
+        sched.alloc_graph(graph)
+        sched.close()
+        sched.close()                            # twice is fine
+        for call in (sched.compute, sched.compute_async, sched.alloc_graph, sched.reserve):
+            with pytest.raises(ClosedError, match="scheduler was closed"):
+                call(graph)
+        with pytest.raises(ClosedError):
+            sched.synchronize()
+        buf.close()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "3", "1.5"])
+def test_a_bad_sched_debug_value_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("POLYDEV_SCHED_DEBUG", value)
+    with polydev.init_backend("CPU") as cpu:
+        with pytest.raises(ConfigError, match=f"POLYDEV_SCHED_DEBUG='{value}'"):
+            Scheduler([cpu])
+
+
+def test_only_a_missing_plan_falls_back_to_graph_compute(rng, monkeypatch):
+    """A backend whose plans fail for another reason raises that error; it is not hidden."""
+    with polydev.init_backend("CPU") as cpu, Scheduler([cpu]) as sched:
+        buf, t = _weights(cpu, {"w0": np.eye(K, dtype=np.float32),
+                                "w1": np.eye(K, dtype=np.float32)})
+        with buf:
+            x, y, graph = _mlp(t["w0"], t["w1"])
+            sched.alloc_graph(graph)
+            x.set_data(np.ones((3, K), np.float32))
+
+            def broken(graph):
+                raise RuntimeError("bind failed")
+            monkeypatch.setattr(cpu, "graph_plan_create", broken)
+            with pytest.raises(RuntimeError, match="bind failed"):
+                sched.compute(graph)
+
+            def no_plans(graph):
+                raise UnsupportedError("no plans here")
+            monkeypatch.setattr(cpu, "graph_plan_create", no_plans)
+            assert sched.compute(graph)
+            np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(np.ones((3, K)), np.eye(K),
+                                                                  np.eye(K)), rtol=1e-5)
 
 
 # --- random graphs, random weight placement: the single-CPU result ------------------------------
