@@ -37,6 +37,8 @@ from polydev.ops import INPLACE_OPS
 from polydev.tensor import Tensor
 from polydev.tools.table import format_table
 
+from figures import JSON_HELP  # bench/figures.py
+
 RATIO_TARGET = 1.15
 F32, F16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
 
@@ -223,7 +225,7 @@ def measure(hp: Hparams, weights: Weights, n_tokens: int, reps: int) -> list[dic
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--quick", action="store_true", help="a 2-layer model: a smoke test")
     p.add_argument("--reps", type=int, default=50, help="alloc_graph repetitions (default 50)")
     args = p.parse_args(argv)

@@ -3,7 +3,7 @@
 For each op: polydev's time (a planned graph on the CPU backend, computed repeatedly) divided
 by the same computation written directly in numpy (for Q4_K: numpy's matmul on the weight
 already dequantized to F32). Also the per-node cost of replaying a planned graph of 1,000
-small ops. Prints a table, or with --json the DESIGN.md benchmark object.
+small ops. Prints a table, or with --json one JSON object.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import numpy as np
 import polydev
 from polydev import BufferUsage, Context, GGMLType, alloc_ctx_tensors, build_graph, ops
 from polydev.backends.cpu.device import cpu_model
+
+from figures import JSON_HELP  # bench/figures.py
 
 RATIO_TARGET = 1.10
 OVERHEAD_TARGET_US = 5.0
@@ -271,7 +273,7 @@ def _random_q4_k(rng, rows: int, cols: int) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not figures")
     args = p.parse_args(argv)
     figures = run_benchmarks(args.quick)

@@ -9,7 +9,7 @@
 - Batched quantized products (dequantize then cuBLAS), for information.
 
 Times are medians of CUDA-event timings on the backend's stream after a warm-up. Prints a
-table, or with --json the DESIGN.md object.
+table, or with --json one JSON object.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: their two options and how they print their figures
-(a table, or with --json the DESIGN.md object)."""
+"""What the benchmark scripts share: their options and how they print their figures (a
+table, or with --json one JSON object, described by JSON_HELP)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ import json
 
 from polydev.tools.table import format_table
 
+JSON_HELP = ('print one JSON object instead of a table: {"bench", "machine", "figures": '
+             '[{"name", "value", "unit", "target", "better"}, ...]}, each figure a ratio or '
+             'measurement with the target its issue asked for')
+
 
 def parse_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print the DESIGN.md JSON object")
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
     parser.add_argument("--quick", action="store_true", help="smaller, shorter runs (a smoke "
                         "test; the figures to quote come from full runs)")
     return parser.parse_args(argv)

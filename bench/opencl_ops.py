@@ -5,7 +5,7 @@ element-wise and row ops at LLM sizes, flash attention for one token): the OpenC
 time divided by the CPU backend's time for the same graph (below 1: OpenCL is faster). Then
 host-to-device copies from pageable numpy memory and from the pinned host buffer type, the
 copy back, and a device-to-device copy between two OpenCL devices when there are two
-(POCL_DEVICES="pthread pthread"). Prints a table, or with --json the DESIGN.md object.
+(POCL_DEVICES="pthread pthread"). Prints a table, or with --json one JSON object.
 """
 
 from __future__ import annotations

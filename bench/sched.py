@@ -5,7 +5,7 @@ weights alternating between OpenCL0 and the CPU by layer; batch 1 and 64. For ea
 the first compute's scheduling (placement passes, splits and allocation) in ms, the same for
 a new graph of the same structure (the reuse path), the whole step (scheduling + compute),
 and the reuse path's share of the step (target: 5% or less at batch 1). Prints a table, or
-with --json the DESIGN.md object; --trace FILE writes a Chrome trace of one step.
+with --json one JSON object; --trace FILE writes a Chrome trace of one step.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import polydev
 from polydev import BufferUsage, Context, GGMLType, Scheduler, alloc_ctx_tensors, build_graph
 from polydev import ops
 from polydev.tools.table import format_table
+
+from figures import JSON_HELP  # bench/figures.py
 
 N_LAYERS, N_EMBD, N_HEAD, N_FF = 16, 512, 8, 1536
 HEAD_DIM = N_EMBD // N_HEAD
@@ -115,7 +117,7 @@ def measure(backends, layers, n_tokens: int, reps: int, rng, trace_path: str | N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print the DESIGN.md JSON object")
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of a batch-1 step")
     args = parser.parse_args(argv)

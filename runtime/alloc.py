@@ -57,6 +57,7 @@ class TensorAllocator:
         self.offset = 0
 
     def alloc(self, t: Tensor) -> None:
+        """Place ``t`` at the next aligned offset of the buffer."""
         size = align_up(self.buffer.alloc_size(t), self.alignment)
         if self.offset + size > self.buffer.size:
             raise AllocationError(

@@ -113,26 +113,32 @@ class Buffer:
 
     @property
     def name(self) -> str:
+        """The buffer type's name."""
         return self.buft.name
 
     @property
     def alignment(self) -> int:
+        """The buffer type's alignment."""
         return self.buft.alignment
 
     @property
     def max_size(self) -> int:
+        """The buffer type's largest buffer."""
         return self.buft.max_size
 
     @property
     def is_host(self) -> bool:
+        """Whether the bytes are host memory the CPU reads in place."""
         return self.buft.is_host
 
     @property
     def is_multi_buffer(self) -> bool:
+        """Whether this buffer groups several (alloc_ctx_tensors past max_size)."""
         return False
 
     @property
     def usage(self) -> BufferUsage:
+        """What the buffer holds (ANY, WEIGHTS, COMPUTE); the scheduler reads WEIGHTS."""
         return self._usage
 
     @usage.setter
@@ -140,6 +146,7 @@ class Buffer:
         self._usage = _usage(usage)
 
     def alloc_size(self, tensor: Tensor) -> int:
+        """Bytes ``tensor`` needs in this buffer's memory."""
         return self.buft.alloc_size(tensor)
 
     @property
@@ -163,6 +170,7 @@ class Buffer:
         self._reset()
 
     def init_tensor(self, tensor: Tensor) -> None:
+        """Let the backend set up per-tensor state for ``tensor`` (ggml's init_tensor)."""
         self._init_tensor(tensor)
 
     def mark_modified(self) -> None:
@@ -308,10 +316,12 @@ class MultiBuffer(Buffer):
 
     @property
     def is_multi_buffer(self) -> bool:
+        """True."""
         return True
 
     @Buffer.usage.setter   # type: ignore[attr-defined]
     def usage(self, usage: BufferUsage) -> None:
+        """The usage, set on every child buffer."""
         self._usage = _usage(usage)
         for b in self.buffers:
             b.usage = self._usage

@@ -47,6 +47,7 @@ class GraphCopy:
     _copies: dict[int, Tensor] = field(default_factory=dict, repr=False)
 
     def copy_of(self, original: Tensor) -> Tensor:
+        """The copy of ``t`` (a tensor of the original graph)."""
         try:
             return self._copies[id(original)]
         except KeyError:
@@ -54,6 +55,7 @@ class GraphCopy:
                              f"graph") from None
 
     def close(self) -> None:
+        """Free the copy's buffer."""
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None

@@ -43,15 +43,19 @@ class Context:
         return t
 
     def new_tensor_1d(self, type_, ne0: int, name: str = "") -> Tensor:
+        """A new contiguous tensor [ne0]."""
         return self.new_tensor(type_, (ne0,), name)
 
     def new_tensor_2d(self, type_, ne0: int, ne1: int, name: str = "") -> Tensor:
+        """A new contiguous tensor [ne0, ne1] (numpy shape (ne1, ne0))."""
         return self.new_tensor(type_, (ne0, ne1), name)
 
     def new_tensor_3d(self, type_, ne0: int, ne1: int, ne2: int, name: str = "") -> Tensor:
+        """A new contiguous tensor [ne0, ne1, ne2]."""
         return self.new_tensor(type_, (ne0, ne1, ne2), name)
 
     def new_tensor_4d(self, type_, ne0: int, ne1: int, ne2: int, ne3: int, name: str = "") -> Tensor:
+        """A new contiguous tensor [ne0, ne1, ne2, ne3]."""
         return self.new_tensor(type_, (ne0, ne1, ne2, ne3), name)
 
     def dup_tensor(self, a: Tensor) -> Tensor:
@@ -79,25 +83,33 @@ class Context:
     # --- views and reshapes (delegating to the op catalogue) --------------------------------
 
     def view_1d(self, a, ne0, offset=0):
+        """``polydev.ops.view_1d`` in this context."""
         return ops.view_1d(self, a, ne0, offset)
 
     def view_2d(self, a, ne0, ne1, nb1, offset=0):
+        """``polydev.ops.view_2d`` in this context."""
         return ops.view_2d(self, a, ne0, ne1, nb1, offset)
 
     def view_3d(self, a, ne0, ne1, ne2, nb1, nb2, offset=0):
+        """``polydev.ops.view_3d`` in this context."""
         return ops.view_3d(self, a, ne0, ne1, ne2, nb1, nb2, offset)
 
     def view_4d(self, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset=0):
+        """``polydev.ops.view_4d`` in this context."""
         return ops.view_4d(self, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset)
 
     def reshape(self, a: Tensor, *ne: int) -> Tensor:
+        """``a``'s memory with the shape ``ne`` (1 to 4 sizes, same element count)."""
         return ops.reshape(self, a, *ne)
 
     def permute(self, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> Tensor:
+        """``a`` with dimension i moved to position axis_i (ggml_permute)."""
         return ops.permute(self, a, axis0, axis1, axis2, axis3)
 
     def transpose(self, a: Tensor) -> Tensor:
+        """``a`` with its first two dimensions swapped (a strided view)."""
         return ops.transpose(self, a)
 
     def cont(self, a: Tensor, *ne: int) -> Tensor:
+        """A contiguous copy of ``a``, optionally reshaped to ``ne``."""
         return ops.cont(self, a, *ne)

@@ -26,10 +26,12 @@ class Graph:
 
     @property
     def n_nodes(self) -> int:
+        """How many nodes (computed tensors) the graph has."""
         return len(self.nodes)
 
     @property
     def n_leafs(self) -> int:
+        """How many leafs (inputs and weights) the graph has."""
         return len(self.leafs)
 
     def __len__(self) -> int:

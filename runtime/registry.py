@@ -212,16 +212,20 @@ def devices() -> list[Device]:
 
 
 def device(name: "str | Device") -> Device:
+    """A registered device by name ("CUDA0", "cuda:0", "cpu"; any case) or itself."""
     return _registry.device(name)
 
 
 def init_backend(name: "str | Device", params: str | None = None) -> Backend:
+    """A new backend (stream) on the named device; ``params`` is free-form."""
     return _registry.init_backend(name, params)
 
 
 def init_best_backend() -> Backend:
+    """A backend on the best device: the first GPU, else an IGPU, else the CPU."""
     return _registry.init_best_backend()
 
 
 def register(reg: Reg) -> Reg:
+    """Register a reg by hand (deduplicated by name); returns the registered one."""
     return _registry.register(reg)

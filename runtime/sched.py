@@ -113,19 +113,23 @@ class Scheduler:
 
     @property
     def n_backends(self) -> int:
+        """How many backends the scheduler places ops on."""
         return len(self.backends)
 
     @property
     def n_splits(self) -> int:
+        """How many splits the last allocated graph was cut into."""
         return len(self._step.splits) if self._step is not None else 0
 
     def backend_id(self, backend: Backend) -> int:
+        """The index of ``backend`` in the scheduler's priority list."""
         for i, b in enumerate(self.backends):
             if b is backend:
                 return i
         raise InvalidArgumentError(f"backend {backend.name} is not one of this scheduler's")
 
     def buffer_type(self, backend: Backend) -> BufferType:
+        """The compute buffer type the scheduler uses for ``backend``."""
         return self.bufts[self.backend_id(backend)]
 
     def buffer_size(self, backend: Backend) -> int:
@@ -139,6 +143,7 @@ class Scheduler:
         self._signature = None
 
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
+        """The backend ``t`` was placed on (or pinned to), or None."""
         ids = self._step.ids if self._step is not None else self._user
         b = ids.get(t)
         return self.backends[b] if b != -1 else None
@@ -150,6 +155,7 @@ class Scheduler:
         return self.backends[self._step.ids.get(t)].name, self._step.ids.cause(t)
 
     def set_eval_callback(self, callback: EvalCallback | None) -> None:
+        """Call ``callback`` around nodes (see EvalCallback); None removes it."""
         self._callback = callback
 
     def reset(self) -> None:

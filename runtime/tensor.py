@@ -59,6 +59,7 @@ class Tensor:
 
     @property
     def traits(self):
+        """The type's traits: block size, bytes per block, numpy dtype."""
         return TYPE_TRAITS[self.type]
 
     @property
@@ -76,11 +77,13 @@ class Tensor:
 
     @property
     def nelements(self) -> int:
+        """ggml_nelements: the product of ne."""
         ne = self.ne
         return ne[0] * ne[1] * ne[2] * ne[3]
 
     @property
     def nrows(self) -> int:
+        """ggml_nrows: ne1 * ne2 * ne3."""
         return self.ne[1] * self.ne[2] * self.ne[3]
 
     @property
@@ -100,6 +103,7 @@ class Tensor:
 
     @property
     def row_bytes(self) -> int:
+        """The bytes of one row of ne0 elements (ggml_row_size)."""
         return TYPE_TRAITS[self.type].row_size(self.ne[0])
 
     def is_contiguous(self, n: int = 0) -> bool:
@@ -125,16 +129,20 @@ class Tensor:
             self.nb[0] == TYPE_TRAITS[self.type].type_size)
 
     def is_transposed(self) -> bool:
+        """ggml_is_transposed: nb[0] > nb[1]."""
         return self.nb[0] > self.nb[1]
 
     def is_permuted(self) -> bool:
+        """ggml_is_permuted: the strides are not in increasing order."""
         nb = self.nb
         return nb[0] > nb[1] or nb[1] > nb[2] or nb[2] > nb[3]
 
     def is_empty(self) -> bool:
+        """Whether some dimension is 0."""
         return min(self.ne) == 0
 
     def same_shape(self, other: "Tensor") -> bool:
+        """ggml_are_same_shape: equal ne."""
         return self.ne == other.ne
 
     def same_layout(self, other: "Tensor") -> bool:
@@ -149,27 +157,33 @@ class Tensor:
 
     @property
     def is_view(self) -> bool:
+        """Whether the tensor views another tensor's memory."""
         return self.view_src is not None
 
     @property
     def is_allocated(self) -> bool:
+        """Whether the tensor has a buffer."""
         return self.buffer is not None
 
     # --- flags ------------------------------------------------------------------------------
 
     def set_input(self) -> "Tensor":
+        """Flag the tensor as a graph input (its memory is set before compute)."""
         self.flags |= TensorFlag.INPUT
         return self
 
     def set_output(self) -> "Tensor":
+        """Flag the tensor as a graph output (its memory is never reused)."""
         self.flags |= TensorFlag.OUTPUT
         return self
 
     def set_param(self) -> "Tensor":
+        """Flag the tensor as a trainable parameter (ggml's PARAM)."""
         self.flags |= TensorFlag.PARAM
         return self
 
     def set_name(self, name: str) -> "Tensor":
+        """Set the name; returns the tensor."""
         self.name = name
         return self
 

@@ -57,6 +57,7 @@ class GGMLType(enum.IntEnum):
 
     @property
     def traits(self) -> "TypeTraits":
+        """The type's traits: block size, bytes per block, numpy dtype, codecs."""
         return TYPE_TRAITS[self]
 
     def __str__(self) -> str:  # ggml prints types in lower case ("f32", "q4_K")

@@ -22,6 +22,7 @@ def diag_mask_inf(ctx, a: Tensor, n_past: int, inplace: bool = False) -> Tensor:
 
 
 def soft_max(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    """softmax over each row of ``a`` (soft_max_ext without mask, scale 1, no ALiBi)."""
     return soft_max_ext(ctx, a, None, 1.0, 0.0, inplace)
 
 
@@ -58,6 +59,8 @@ def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
 
 def rope(ctx, a: Tensor, pos: Tensor, n_dims: int, mode: int = RopeMode.NORMAL,
          inplace: bool = False) -> Tensor:
+    """Rotary position embedding of the first ``n_dims`` of each row at positions ``pos``
+    (rope_ext with freq_base 10000 and no YaRN scaling)."""
     return rope_ext(ctx, a, pos, None, n_dims, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0,
                     inplace=inplace)
 

@@ -44,6 +44,9 @@ GluOp.__doc__ = "The gated linear units of Op.GLU (op_params[0]; op_params[1] = 
 
 
 class RopeMode(enum.IntEnum):
+    """ggml's rope modes: pairs (i, i+1) in NORMAL; (i, i + n_dims/2) in NEOX; the
+    multi-section modes give each pair one of a token's 4 positions."""
+
     NORMAL = 0
     NEOX = 2
     MROPE = 8
@@ -81,6 +84,7 @@ INPLACE_OPS = frozenset({
 
 
 def is_view_op(op: Op) -> bool:
+    """Whether ``op`` only views its source's memory (RESHAPE, VIEW, PERMUTE, TRANSPOSE)."""
     return op in VIEW_OPS
 
 

@@ -30,14 +30,17 @@ def add(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
 
 
 def sub(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """a - b, with b repeated over a (ggml_can_repeat)."""
     return _binary(ctx, Op.SUB, a, b, inplace)
 
 
 def mul(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """a * b, with b repeated over a (ggml_can_repeat)."""
     return _binary(ctx, Op.MUL, a, b, inplace)
 
 
 def div(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """a / b, with b repeated over a (ggml_can_repeat)."""
     return _binary(ctx, Op.DIV, a, b, inplace)
 
 
@@ -50,10 +53,12 @@ def scale(ctx, a: Tensor, s: float, b: float = 0.0, inplace: bool = False) -> Te
 
 
 def sqr(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    """Element-wise a * a."""
     return _unary_like(ctx, Op.SQR, a, inplace=inplace)
 
 
 def sqrt(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    """Element-wise square root."""
     return _unary_like(ctx, Op.SQRT, a, inplace=inplace)
 
 
@@ -117,23 +122,28 @@ def glu_split(ctx, a: Tensor, b: Tensor, fn: GluOp) -> Tensor:
 
 
 def swiglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    """silu(x) * gate: fused over ``a``'s halves, or split over ``a`` and ``b``."""
     return glu(ctx, a, GluOp.SWIGLU, swapped) if b is None else glu_split(ctx, a, b, GluOp.SWIGLU)
 
 
 def geglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    """gelu(x) * gate (tanh GELU): fused over ``a``'s halves, or split over ``a`` and ``b``."""
     return glu(ctx, a, GluOp.GEGLU, swapped) if b is None else glu_split(ctx, a, b, GluOp.GEGLU)
 
 
 def reglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    """relu(x) * gate: fused over ``a``'s halves, or split over ``a`` and ``b``."""
     return glu(ctx, a, GluOp.REGLU, swapped) if b is None else glu_split(ctx, a, b, GluOp.REGLU)
 
 
 def geglu_erf(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    """gelu_erf(x) * gate (exact GELU): fused over ``a``'s halves, or split over a and b."""
     return (glu(ctx, a, GluOp.GEGLU_ERF, swapped) if b is None
         else glu_split(ctx, a, b, GluOp.GEGLU_ERF))
 
 
 def geglu_quick(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
+    """gelu_quick(x) * gate: fused over ``a``'s halves, or split over ``a`` and ``b``."""
     return (glu(ctx, a, GluOp.GEGLU_QUICK, swapped) if b is None
         else glu_split(ctx, a, b, GluOp.GEGLU_QUICK))
 
@@ -156,14 +166,17 @@ def add1(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
 
 
 def log(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    """Element-wise natural logarithm."""
     return _unary_like(ctx, Op.LOG, a, inplace=inplace)
 
 
 def sin(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    """Element-wise sine."""
     return _unary_like(ctx, Op.SIN, a, inplace=inplace)
 
 
 def cos(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    """Element-wise cosine."""
     return _unary_like(ctx, Op.COS, a, inplace=inplace)
 
 

@@ -19,10 +19,12 @@ def sum_(ctx, a: Tensor) -> Tensor:
 
 
 def sum_rows(ctx, a: Tensor) -> Tensor:
+    """The sum of each row: [ne0, ne1, ne2, ne3] -> [1, ne1, ne2, ne3]."""
     return _result(ctx, Op.SUM_ROWS, a.type, (1,) + a.ne[1:], [a])
 
 
 def mean(ctx, a: Tensor) -> Tensor:
+    """The mean of each row, as f32: [ne0, ne1, ne2, ne3] -> [1, ne1, ne2, ne3]."""
     return _result(ctx, Op.MEAN, GGMLType.F32, (1,) + a.ne[1:], [a])
 
 

@@ -22,6 +22,7 @@ def repeat(ctx, a: Tensor, b: Tensor) -> Tensor:
 
 
 def concat(ctx, a: Tensor, b: Tensor, dim: int) -> Tensor:
+    """``a`` and ``b`` joined along dimension ``dim`` (the others must match)."""
     _check(0 <= dim < MAX_DIMS, "concat", f"dim={dim} is not in 0..3", InvalidArgumentError)
     _check(a.type == b.type, "concat", f"types differ: {a.type} and {b.type}", TensorTypeError)
     for d in range(MAX_DIMS):
@@ -146,8 +147,10 @@ def set_(ctx, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int = 
 
 
 def set_1d(ctx, a: Tensor, b: Tensor, offset: int = 0, inplace: bool = False) -> Tensor:
+    """``a`` with ``b``'s values written at byte ``offset`` (a's row strides)."""
     return set_(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], offset, inplace)
 
 
 def set_2d(ctx, a: Tensor, b: Tensor, nb1: int, offset: int = 0, inplace: bool = False) -> Tensor:
+    """``a`` with ``b``'s rows written from byte ``offset``, ``nb1`` bytes apart."""
     return set_(ctx, a, b, nb1, a.nb[2], a.nb[3], offset, inplace)

@@ -30,20 +30,24 @@ def _view(ctx, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None, offset: i
 
 
 def view_1d(ctx, a: Tensor, ne0: int, offset: int = 0) -> Tensor:
+    """ne0 elements of ``a``'s memory from byte ``offset``."""
     return _view(ctx, a, (ne0,), (), offset)
 
 
 def view_2d(ctx, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int = 0) -> Tensor:
+    """A [ne0, ne1] window of ``a``'s memory, rows ``nb1`` bytes apart, from ``offset``."""
     return _view(ctx, a, (ne0, ne1), (nb1,), offset)
 
 
 def view_3d(ctx, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int,
             offset: int = 0) -> Tensor:
+    """A [ne0, ne1, ne2] window of ``a``'s memory with strides nb1, nb2, from ``offset``."""
     return _view(ctx, a, (ne0, ne1, ne2), (nb1, nb2), offset)
 
 
 def view_4d(ctx, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int, nb2: int, nb3: int,
             offset: int = 0) -> Tensor:
+    """A [ne0..ne3] window of ``a``'s memory with strides nb1..nb3, from ``offset``."""
     return _view(ctx, a, (ne0, ne1, ne2, ne3), (nb1, nb2, nb3), offset)
 
 
@@ -61,18 +65,22 @@ def reshape(ctx, a: Tensor, *ne: int) -> Tensor:
 
 
 def reshape_1d(ctx, a, ne0):
+    """``a``'s memory as 1 dimension of ne0 (a must be contiguous)."""
     return reshape(ctx, a, ne0)
 
 
 def reshape_2d(ctx, a, ne0, ne1):
+    """``a``'s memory as [ne0, ne1] (a must be contiguous)."""
     return reshape(ctx, a, ne0, ne1)
 
 
 def reshape_3d(ctx, a, ne0, ne1, ne2):
+    """``a``'s memory as [ne0, ne1, ne2] (a must be contiguous)."""
     return reshape(ctx, a, ne0, ne1, ne2)
 
 
 def reshape_4d(ctx, a, ne0, ne1, ne2, ne3):
+    """``a``'s memory as [ne0, ne1, ne2, ne3] (a must be contiguous)."""
     return reshape(ctx, a, ne0, ne1, ne2, ne3)
 
 
@@ -103,6 +111,7 @@ def transpose(ctx, a: Tensor) -> Tensor:
 # --- copies ----------------------------------------------------------------------------------
 
 def dup(ctx, a: Tensor) -> Tensor:
+    """A copy of ``a`` in new memory, same type and shape (ggml_dup)."""
     return _result(ctx, Op.DUP, a.type, a.ne, [a])
 
 
