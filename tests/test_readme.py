@@ -1,0 +1,38 @@
+"""Every Python block of README.md runs as written, as a script of its own, and the scheduler
+example prints what the README says it prints."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def _run(code: str, tmp_path: Path) -> str:
+    script = tmp_path / "block.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"README block failed:\n{code}\n{done.stderr}"
+    return done.stdout
+
+
+def test_the_readme_has_python_blocks():
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_a_readme_block_runs_as_written(index, tmp_path):
+    _run(BLOCKS[index], tmp_path)
+
+
+def test_the_scheduler_example_prints_what_the_readme_says(tmp_path):
+    (block,) = [b for b in BLOCKS if "Scheduler(" in b]
+    first_line = _run(block, tmp_path).splitlines()[0]
+    assert f"`{first_line}`" in README.read_text()
