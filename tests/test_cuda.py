@@ -7,6 +7,7 @@ tests (which run on every device) and ``polydev compare`` check every kernel aga
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -80,6 +81,8 @@ def test_devices_are_named_typed_and_described(dev):
     caps = dev.props().caps
     assert caps.async_ and caps.events and caps.host_buffer and not caps.buffer_from_host_ptr
     assert polydev.device("cuda:0") is dev and polydev.device("CUDA0") is dev
+    assert dev.device_id is None or re.fullmatch(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]",
+                                                 dev.device_id)
 
 
 @_marks

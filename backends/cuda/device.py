@@ -33,6 +33,13 @@ def op_batch_size(op: Tensor) -> int:
     return op.ne[1] * op.ne[2] * op.ne[3]
 
 
+def _pci_bus_id(cupy: Any, index: int) -> str | None:
+    try:
+        return str(cupy.cuda.runtime.deviceGetPCIBusId(index)).lower()
+    except cupy.cuda.runtime.CUDARuntimeError:    # not every platform reports one
+        return None
+
+
 class CUDADevice(Device):
     """One GPU ("CUDA0"), as CuPy sees it."""
 
@@ -48,6 +55,7 @@ class CUDADevice(Device):
         self.integrated = bool(props.get("integrated", 0))
         self.type = DeviceType.IGPU if self.integrated else DeviceType.GPU
         self.compute_capability = f"{props.get('major', 0)}.{props.get('minor', 0)}"
+        self._pci_bus_id = _pci_bus_id(cupy, index)
         self.siblings = siblings          # every CUDA device of the reg, this one included
         self._buft = CUDABufferType(self)
         # one pinned host buffer type for all GPUs, owned by the first (ggml's is a singleton)
@@ -101,6 +109,11 @@ class CUDADevice(Device):
         cuda = self.cupy.cuda
         return cuda.MemoryPointer(cuda.UnownedMemory(int(pinned.ptr), size, pinned, self.index),
                                   0)
+
+    @property
+    def device_id(self) -> str | None:
+        """The PCI bus id, lower case as ggml gives it ("0000:3b:00.0")."""
+        return self._pci_bus_id
 
     # --- memory ----------------------------------------------------------------------------
 
