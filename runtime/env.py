@@ -9,7 +9,9 @@ the table of every variable.
 
 from __future__ import annotations
 
+import math
 import os
+from typing import Any, Callable
 
 from .errors import ConfigError
 
@@ -25,30 +27,32 @@ def env_text(name: str) -> str | None:
 def env_int(name: str, default: int, minimum: int | None = None,
             maximum: int | None = None) -> int:
     """An integer variable (``default`` when unset or empty) within [minimum, maximum]."""
-    text = env_text(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        expected = _range(minimum, maximum)
-        raise ConfigError(f"{name}={text!r} is not an integer{expected}") from None
-    _check_range(name, text, value, minimum, maximum)
-    return value
+    return _env_number(name, default, int, "an integer", minimum, maximum)
 
 
 def env_float(name: str, default: float, minimum: float | None = None) -> float:
     """A finite number variable (``default`` when unset or empty), at least ``minimum``."""
+    return _env_number(name, default, _finite_float, "a finite number", minimum, None)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not finite")
+    return value
+
+
+def _env_number(name: str, default, parse: Callable[[str], Any], kind: str, minimum, maximum):
     text = env_text(name)
     if text is None:
         return default
+    expected = _range(minimum, maximum)
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number{_range(minimum, None)}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ConfigError(f"{name}={text!r} is not a finite number")
-    _check_range(name, text, value, minimum, None)
+        raise ConfigError(f"{name}={text!r} is not {kind}{expected}") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ConfigError(f"{name}={text!r} is out of range{expected}")
     return value
 
 
@@ -58,8 +62,3 @@ def _range(minimum, maximum) -> str:
     if minimum is not None:
         return f" (expected {minimum} or more)"
     return ""
-
-
-def _check_range(name: str, text: str, value, minimum, maximum) -> None:
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ConfigError(f"{name}={text!r} is out of range{_range(minimum, maximum)}")

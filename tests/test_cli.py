@@ -145,7 +145,7 @@ def test_a_bad_environment_variable_is_an_error_naming_it_not_a_missing_device()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=120)
     assert done.returncode == 1
-    assert "ConfigError: POLYDEV_CPU_WEIGHT_CACHE_MB='abc' is not a number" in done.stderr
+    assert "ConfigError: POLYDEV_CPU_WEIGHT_CACHE_MB='abc' is not a finite number" in done.stderr
 
 
 def test_no_command_prints_help():

@@ -143,14 +143,18 @@ def test_a_graph_of_the_same_structure_reuses_the_placement(rng, monkeypatch):
         buf, t = _weights(cpu, {"w0": w0v, "w1": w1v})
         with buf:
             for _ in range(3):
-                x, y, graph = _mlp(t["w0"], t["w1"])
-                sched.alloc_graph(graph)
-                xv = rng.standard_normal((3, K)).astype(np.float32)
-                x.set_data(xv)
-                sched.compute(graph)
-                np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v),
-                                           rtol=1e-4, atol=1e-5)
+                _new_graph_step(sched, t["w0"], t["w1"], w0v, w1v, rng)
     assert len(calls) == 1
+
+
+def _new_graph_step(sched, w0, w1, w0v, w1v, rng) -> None:
+    """One step of a loop that builds a new graph each time, checked against numpy."""
+    x, y, graph = _mlp(w0, w1)
+    sched.alloc_graph(graph)
+    xv = rng.standard_normal((3, K)).astype(np.float32)
+    x.set_data(xv)
+    sched.compute(graph)
+    np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("use_opencl", [False, pytest.param(True, marks=needs_opencl)])
@@ -167,13 +171,7 @@ def test_a_new_graph_of_the_same_structure_keeps_the_bound_plans(rng, monkeypatc
         buf1, t1 = _weights(backends[-1], {"w1": w1v})
         with buf, buf1:
             for step in range(4):
-                x, y, graph = _mlp(t["w0"], t1["w1"])
-                sched.alloc_graph(graph)
-                xv = rng.standard_normal((3, K)).astype(np.float32)
-                x.set_data(xv)
-                sched.compute(graph)
-                np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v),
-                                           rtol=1e-4, atol=1e-5)
+                _new_graph_step(sched, t["w0"], t1["w1"], w0v, w1v, rng)
                 if step == 0:
                     first = len(binds)
     assert first > 0 and len(binds) == first
