@@ -13,7 +13,8 @@ from .buffer import Buffer, BufferType, BufferUsage, MultiBuffer
 from .chunk_alloc import ChunkAllocator, align_up
 from .context import Context
 from .device import Backend
-from .errors import AllocationError, ClosedError, InvalidArgumentError, NotAllocatedError
+from .lifetime import Resource
+from .errors import AllocationError, InvalidArgumentError, NotAllocatedError
 from .graph import Graph
 from .ops import INPLACE_OPS, Op
 from .tensor import Tensor, TensorFlag
@@ -172,7 +173,7 @@ class _Plan(NamedTuple):
     chunk_sizes: list[list[int]]
 
 
-class GraphAllocator:
+class GraphAllocator(Resource):
     """Places a graph's tensors in compute buffers that its intermediate results share.
 
     ggml's ``ggml_gallocr``. Reserving simulates the graph's execution in node order: a tensor
@@ -219,7 +220,6 @@ class GraphAllocator:
         self._plan: _Plan | None = None
         self._replay: _Replay | None = None
         self._states: dict[Tensor, _Liveness] = {}
-        self.closed = False
 
     # --- public API --------------------------------------------------------------------------
 
@@ -300,22 +300,13 @@ class GraphAllocator:
         """Whether ``t`` lives in memory this allocator placed it in (so it may move)."""
         return t.buffer is not None and t.buffer in self._own_buffers
 
-    def close(self) -> None:
-        """Free every buffer now; tensors placed in them can no longer be used."""
-        if self.closed:
-            return
-        self.closed = True
+    def _free(self) -> None:
+        """Free every buffer; tensors placed in them can no longer be used."""
         for chunks in self._chunks:
             for b in chunks or ():
                 b.close()
         self._chunks = [None] * len(self._allocators)
         self._plan = self._replay = None
-
-    def __enter__(self) -> GraphAllocator:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{b.name}: {self.buffer_size(i)}"
@@ -446,7 +437,7 @@ class GraphAllocator:
         if owner_size > node_size:
             alloc.free(s.chunk, s.offset + node_size, owner_size - node_size)
 
-    def _free(self, t: Tensor) -> None:
+    def _free_tensor(self, t: Tensor) -> None:
         if self._is_output(t):
             return
         s = self._states[t]
@@ -467,9 +458,9 @@ class GraphAllocator:
                 o = self._state(parent.view_src)
                 o.n_views -= 1
                 if o.n_views == 0 and o.n_children == 0 and o.allocated:
-                    self._free(parent.view_src)
+                    self._free_tensor(parent.view_src)
             elif p.allocated:
-                self._free(parent)
+                self._free_tensor(parent)
 
     def _record(self, graph: Graph) -> _Plan:
         def slot(t: Tensor | None) -> _Slot | None:
@@ -522,9 +513,8 @@ class GraphAllocator:
             seen.add(a)
         return out
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError("this graph allocator was closed")
+    def _describe(self) -> str:
+        return "this graph allocator"
 
     # --- allocation from a reservation -------------------------------------------------------
 

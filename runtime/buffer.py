@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .errors import (AllocationError, ClosedError, InvalidArgumentError, NotAllocatedError,
+from .errors import (AllocationError, InvalidArgumentError, NotAllocatedError,
                      OutOfBoundsError, ShapeError, UnsupportedError)
 from .hooks import overrides
+from .lifetime import Resource
 from .tensor import Tensor
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class BufferType:
 _buffer_ids = itertools.count(1)
 
 
-class Buffer:
+class Buffer(Resource):
     """A range of memory of one buffer type; a context manager (``close()`` frees it)."""
 
     def __init__(self, buft: BufferType, size: int) -> None:
@@ -106,7 +107,6 @@ class Buffer:
         # caches of derived data can key on it.
         self.uid = next(_buffer_ids)
         self._usage = BufferUsage.ANY
-        self.closed = False
         # Bumped by every write through this API; caches of derived data (e.g. dequantized
         # weights) compare it to know they are stale.
         self.generation = 0
@@ -177,21 +177,8 @@ class Buffer:
         """Tell caches that the bytes changed (needed after writing ``host_array`` directly)."""
         self.generation += 1
 
-    def close(self) -> None:
-        """Free the memory now; using the buffer afterwards raises ClosedError."""
-        if not self.closed:
-            self.closed = True
-            self._free()
-
-    def __enter__(self) -> "Buffer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError(f"buffer {self.name} ({self.size} bytes) was closed")
+    def _describe(self) -> str:
+        return f"buffer {self.name} ({self.size} bytes)"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, size={self.size}, usage={self.usage.name})"

@@ -20,6 +20,7 @@ from .context import Context
 from .device import Backend
 from .errors import AllocationError, GraphError, NotAllocatedError
 from .graph import Graph
+from .lifetime import Resource
 from .ops import VIEW_OPS
 from .tensor import Tensor
 
@@ -32,7 +33,7 @@ CompareCallback = Callable[[int, Tensor, Tensor], bool]
 
 
 @dataclass
-class GraphCopy:
+class GraphCopy(Resource):
     """A graph deep-copied onto a backend: free it with ``close()`` (or use ``with``).
 
     ``ctx_allocated`` holds the copies of non-view tensors (they live in ``buffer``),
@@ -54,17 +55,11 @@ class GraphCopy:
             raise GraphError(f"tensor {original.name or '<unnamed>'} is not part of the copied "
                              f"graph") from None
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Free the copy's buffer."""
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
-
-    def __enter__(self) -> "GraphCopy":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _dependencies(t: Tensor) -> list[Tensor]:

@@ -54,6 +54,7 @@ from .buffer import Buffer, BufferType, tensor_copy, tensor_get, tensor_set
 from .errors import (ClosedError, InvalidArgumentError, NotAllocatedError, ShapeError,
                      UnsupportedError, UnsupportedOpError)
 from .hooks import overrides
+from .lifetime import Resource
 from .ops import VIEW_OPS, Op, op_desc
 from .tensor import Tensor
 
@@ -202,12 +203,11 @@ class Device:
         return f"{type(self).__name__}({self.name!r}, {self.description!r}, {self.type.name})"
 
 
-class Event:
+class Event(Resource):
     """A point in a backend's stream that other streams or the host can wait for."""
 
     def __init__(self, device: Device) -> None:
         self.device = device
-        self.closed = False
 
     def record(self, backend: "Backend") -> None:
         """Mark the current end of ``backend``'s stream."""
@@ -222,27 +222,11 @@ class Event:
         self._check_open()
         self._synchronize()
 
-    def close(self) -> None:
-        """Release the event; using it afterwards raises ClosedError."""
-        if not self.closed:
-            self.closed = True
-            self._free()
-
-    def __enter__(self) -> "Event":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError(f"event of {self.device.name} was closed")
+    def _describe(self) -> str:
+        return f"event of {self.device.name}"
 
     def _synchronize(self) -> None:
         raise NotImplementedError
-
-    def _free(self) -> None:
-        pass
 
 
 BoundCall = Callable[[], None]
@@ -259,13 +243,13 @@ class GraphPlan:
         self.freed = False
 
 
-class Backend:
-    """An execution stream bound to one device; a context manager (``close()`` releases it)."""
+class Backend(Resource):
+    """An execution stream bound to one device; a context manager (``close()`` waits for its
+    work and releases it)."""
 
     def __init__(self, device: Device, name: str | None = None) -> None:
         self.device = device
         self.name = name or device.name
-        self.closed = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -424,23 +408,8 @@ class Backend:
         else:
             event.synchronize()
 
-    # --- lifetime -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Wait for the stream's work and release it; using it afterwards raises ClosedError."""
-        if not self.closed:
-            self.closed = True
-            self._free()
-
-    def __enter__(self) -> "Backend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError(f"backend {self.name} was closed")
+    def _describe(self) -> str:
+        return f"backend {self.name}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -483,9 +452,6 @@ class Backend:
 
     def _event_wait(self, event: Event) -> None:
         raise NotImplementedError
-
-    def _free(self) -> None:
-        pass
 
 
 def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, dst: Tensor) -> None:

@@ -32,8 +32,9 @@ from .buffer import BufferType, tensor_copy
 from .context import Context
 from .device import Backend, DeviceType, Event, tensor_copy_async
 from .env import env_int
-from .errors import AllocationError, ClosedError, InvalidArgumentError
+from .errors import AllocationError, InvalidArgumentError
 from .graph import DEFAULT_GRAPH_SIZE, Graph
+from .lifetime import Resource
 from .ops import VIEW_OPS, Op
 from .sched_plans import NO_PLANS, SplitPlans
 from .sched_split import Assignment, Split, plan_splits
@@ -64,7 +65,7 @@ class _Step:
     ids: Assignment
 
 
-class Scheduler:
+class Scheduler(Resource):
     """Runs graphs over ``backends`` (priority order; the last must be a CPU device)."""
 
     def __init__(self, backends: Sequence[Backend],
@@ -107,7 +108,6 @@ class Scheduler:
         self._callback: EvalCallback | None = None
         self._trace: list[dict] | None = None
         self._trace_done: list[dict] = []
-        self.closed = False
 
     # --- public API -----------------------------------------------------------------------------
 
@@ -219,15 +219,12 @@ class Scheduler:
         for b in self.backends:
             b.synchronize()
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Wait for the backends, then free the plans, events and compute buffers (the
-        backends stay the caller's); using the scheduler afterwards raises ClosedError."""
-        if self.closed:
-            return
+        backends stay the caller's)."""
         for b in self.backends:
             if not b.closed:
                 b.synchronize()
-        self.closed = True
         self._plans.clear()
         for row in self.events:
             for e in row:
@@ -235,15 +232,8 @@ class Scheduler:
                     e.close()
         self.galloc.close()
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError("the scheduler was closed")
-
-    def __enter__(self) -> "Scheduler":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _describe(self) -> str:
+        return "the scheduler"
 
     # --- tracing --------------------------------------------------------------------------------
 
