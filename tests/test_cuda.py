@@ -7,16 +7,18 @@ tests (which run on every device) and ``polydev compare`` check every kernel aga
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import polydev
-from polydev import (Context, DeviceType, GGMLType, alloc_ctx_tensors, build_graph, ops,
-                     tensor_copy_async)
+from polydev import (Context, DeviceCaps, DeviceType, GGMLType, Reg, alloc_ctx_tensors,
+                     build_graph, ops, tensor_copy_async)
 from polydev.buffer import tensor_get, tensor_memset, tensor_set
 from polydev.errors import OutOfBoundsError
 
@@ -51,6 +53,57 @@ def test_without_cupy_there_are_no_devices_and_a_reason():
                     "reg = polydev.registry().reg_by_name('CUDA')\n"
                     "print(len(reg.devices), reg.unavailable_reason)")
     assert out.startswith("0 CuPy is not usable")
+
+
+def _stand_in_cupy() -> SimpleNamespace:
+    """The part of CuPy a CUDA device and its streams touch when they are made, over no GPU:
+    enough to check the backend's wiring to the runtime's contract without one."""
+    class Stream:
+        def __init__(self, non_blocking=False):
+            self.ptr, self.synchronized = 0, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def synchronize(self):
+            self.synchronized += 1
+
+    runtime = SimpleNamespace(
+        getDeviceProperties=lambda i: {"name": b"Stand-in GPU", "integrated": 0, "major": 9,
+                                       "minor": 0},
+        deviceGetPCIBusId=lambda i: "0000:3B:00.0", memGetInfo=lambda: (1 << 30, 2 << 30),
+        CUDARuntimeError=RuntimeError)
+    cuda = SimpleNamespace(runtime=runtime, Device=lambda i: contextlib.nullcontext(),
+                           Stream=Stream, Event=lambda disable_timing=False: object())
+    pool = SimpleNamespace(free_bytes=lambda: 1 << 20)
+    return SimpleNamespace(cuda=cuda, get_default_memory_pool=lambda: pool,
+                           zeros=lambda n, dtype: SimpleNamespace(data=SimpleNamespace(ptr=64)))
+
+
+def test_a_device_and_its_streams_meet_the_contract_without_a_gpu():
+    from polydev.backends.cuda.backend import CUDABackend
+    from polydev.backends.cuda.device import CUDADevice
+    dev = CUDADevice(0, _stand_in_cupy(), [])
+    Reg("CUDA (stand-in)", [dev])
+    assert dev.caps == DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False,
+                                  events=True)
+    props = dev.props()
+    assert (props.name, props.description, props.device_id) == ("CUDA0", "Stand-in GPU",
+                                                                "0000:3b:00.0")
+    assert (props.memory_free, props.memory_total) == ((1 << 30) + (1 << 20), 2 << 30)
+    assert dev.host_buffer_type.name == "CUDA_Host" and dev.supports_buft(dev.buffer_type)
+    ctx = Context()
+    w = ctx.new_tensor_2d(GGMLType.Q4_K, 256, 64)
+    x = ctx.new_tensor_2d(GGMLType.F32, 256, 1)
+    assert dev.supports_op(ops.mul_mat(ctx, w, x))          # its own mat-vec kernel
+    assert dev.supports_op(ops.silu(ctx, x))                 # the array kernels through CuPy
+    assert "MUL_MAT" in dev.supported_op_names()
+    with dev.init_backend() as backend:
+        assert isinstance(backend, CUDABackend) and backend.device is dev
+    assert backend.closed and backend.stream.synchronized
 
 
 def test_importing_polydev_touches_no_cuda():

@@ -74,14 +74,14 @@ class CUDABackend(Backend):
 
     def kernel(self, name: str) -> Callable[[Sequence[int], Sequence[int], list], None]:
         """A call launching kernel ``name`` on this stream now (grid, block, args)."""
-        fn, stream = self.device.kernels.function(name), self.stream
+        fn, stream = self.device.programs.function(name), self.stream
         return lambda grid, block, args: fn(tuple(grid), tuple(block), args, stream=stream)
 
     def launch(self, name: str, grid: Sequence[int], block: Sequence[int], args: list,
                checks_indices: bool = False) -> Callable[[], None]:
         if min(grid) == 0:
             return lambda: None
-        fn, stream = self.device.kernels.function(name), self.stream
+        fn, stream = self.device.programs.function(name), self.stream
         grid, block = tuple(int(g) for g in grid), tuple(int(b) for b in block)
 
         def call() -> None:

@@ -60,7 +60,7 @@ class CUDADevice(Device):
         self._buft = CUDABufferType(self)
         # one pinned host buffer type for all GPUs, owned by the first (ggml's is a singleton)
         self._host_buft = siblings[0]._host_buft if siblings else CUDAHostBufferType(self)
-        self.kernels = KernelModule(cupy, index)
+        self.programs = KernelModule(cupy, index)     # the compiled cu/*.cu of this GPU
         self._transfer_stream: Any = None
         self._peers_enabled: set[int] = set()
         self._lock = threading.Lock()
