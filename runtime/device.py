@@ -5,6 +5,8 @@ below (``runtime/buffer.py`` has the memory half). Public methods own the checks
 and call the hooks. Required hooks raise NotImplementedError here. An optional hook is a
 capability: the base class holds the fallback, and the capability exists exactly when a
 subclass overrides the hook (``polydev.hooks.overrides``); ``Device.caps`` is derived that way.
+A derived hook is the runtime's own, built on the others; a backend that works differently (one
+that ships whole graphs elsewhere) may still override it. ``close()`` calls ``_free``.
 
   Reg      Reg(name, devices, procs, unavailable_reason)   a record; nothing to override
   Device   memory() -> (free, total)          required
