@@ -103,6 +103,7 @@ class Scheduler(Resource):
         self._last_graph: Graph | None = None      # the graph the signature belongs to
         self._allocated_graph: Graph | None = None
         self._plans = SplitPlans(keep=self.n_copies)
+        self._step_plans: list = []       # each split's plan for the allocated graph
         self.cur_copy = 0
         self._next_copy = 0
         self._callback: EvalCallback | None = None
@@ -166,6 +167,7 @@ class Scheduler(Resource):
         self._last_graph = None
         self._allocated_graph = None
         self._plans.clear()
+        self._step_plans = []
 
     def reserve(self, graph: Graph) -> None:
         """Size the compute buffers for ``graph`` (the largest one a program will run)."""
@@ -192,6 +194,7 @@ class Scheduler(Resource):
             node.buffer, node.offset = twin.buffer, twin.offset
         self._step = step
         self._allocated_graph = graph
+        self._step_plans = [None] * len(step.splits)   # found (or made) on first compute
         if self.debug:
             self._print_splits(graph, step)
 
@@ -418,7 +421,9 @@ class Scheduler(Resource):
         return True
 
     def _compute_planned(self, k: int, backend: Backend, graph: Graph) -> None:
-        plan = self._plans.plan(k, backend, graph)
+        plan = self._step_plans[k]
+        if plan is None:
+            plan = self._step_plans[k] = self._plans.plan(k, backend, graph)
         if plan is NO_PLANS:
             backend.graph_compute_async(graph)
         else:
