@@ -39,7 +39,7 @@ class OpenCLBuffer(CLMemory, Buffer):
 
     def __init__(self, buft: BufferType, size: int, cl_buffer: Any, device: "OpenCLDevice",
                  accounted: bool = True, writable: bool = True) -> None:
-        Buffer.__init__(self, buft, size)
+        super().__init__(buft, size)
         self.cl_buffer = cl_buffer
         self.device = device
         self._accounted = accounted
@@ -98,7 +98,7 @@ class OpenCLHostBuffer(CLMemory, HostArrayBuffer):
 
     def __init__(self, buft: BufferType, cl_buffer: Any, device: "OpenCLDevice",
                  mapped: np.ndarray) -> None:
-        HostArrayBuffer.__init__(self, buft, mapped)
+        super().__init__(buft, mapped)
         self.cl_buffer = cl_buffer
         self.device = device
 
