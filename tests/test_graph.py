@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polydev import Context, GGMLType, Graph, Op, TensorFlag, build_graph, ops
+from polydev import Context, GGMLType, Op, TensorFlag, build_graph, ops
 from polydev.errors import (GraphError, InvalidArgumentError, OutOfBoundsError, ShapeError,
                             TensorTypeError)
 
