@@ -5,7 +5,8 @@ offset)``. The public functions here own every check (allocated, in bounds, not 
 bytes' length) and then call the hooks a backend overrides, the methods named with a leading
 underscore. An optional hook falls back as below (the rule of ``polydev.hooks``).
 
-  BufferType  _alloc(size) -> Buffer          required
+  BufferType  (name, device, alignment, max_size, is_host)   its data, given to __init__
+              _alloc(size) -> Buffer          required
               _alloc_size(tensor) -> int      optional  tensor.nbytes (never less)
   Buffer      _set(t, data, offset)           required  data: uint8 bytes, range checked
               _get(t, out, offset)            required  out: C-contiguous uint8, range checked
