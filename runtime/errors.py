@@ -61,3 +61,12 @@ class GraphError(PolydevError, RuntimeError):
 
 class BackendLoadError(PolydevError, ImportError):
     """A backend registered through the entry-point group failed to load."""
+
+
+class GGUFError(PolydevError, ValueError):
+    """A GGUF file is truncated, corrupt or uses something polydev cannot read; the message
+    names the file, what is wrong and the byte offset where it was found."""
+
+
+class TokenizerError(PolydevError, ValueError):
+    """A GGUF vocabulary cannot be turned into a tokenizer, or a token id is out of range."""
