@@ -1,0 +1,89 @@
+"""A model's hyperparameters, read from its GGUF metadata under ``<architecture>.*`` keys
+(llama.cpp's ``llama_hparams``), with llama.cpp's defaults where a key is optional."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polydev.errors import GGUFError
+
+from .gguf import GGUFFile
+
+__all__ = ["HParams"]
+
+
+@dataclass(frozen=True)
+class HParams:
+    """What placement, memory estimates and graph builders need to know of a model."""
+
+    arch: str
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: tuple[int, ...]        # per layer (GGUF allows a scalar or an array)
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_vocab: int
+    n_expert: int = 0
+    n_expert_used: int = 0
+    sliding_window: int = 0
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> "HParams":
+        """Read the hyperparameters of ``f``; a missing required key is a GGUFError."""
+        arch = f.get("general.architecture")
+        if not isinstance(arch, str):
+            raise GGUFError(f"{f.path}: general.architecture is missing")
+
+        def key(name: str, default=None):
+            value = f.get(f"{arch}.{name}", default)
+            if value is None:
+                raise GGUFError(f"{f.path}: {arch}.{name} is missing")
+            return value
+
+        n_layer = int(key("block_count"))
+        n_embd = int(key("embedding_length"))
+        n_head = _first(key("attention.head_count"))
+        head_kv = key("attention.head_count_kv", n_head)
+        n_head_kv = (tuple(int(h) for h in head_kv) if isinstance(head_kv, np.ndarray)
+                     else (int(head_kv),) * n_layer)
+        if len(n_head_kv) != n_layer:
+            raise GGUFError(f"{f.path}: {arch}.attention.head_count_kv has {len(n_head_kv)} "
+                            f"entries for {n_layer} layers")
+        head_dim = n_embd // n_head if n_head else 0
+        tokens = f.get("tokenizer.ggml.tokens")
+        n_vocab = int(f.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
+        return cls(
+            arch=arch, n_layer=n_layer, n_ctx_train=int(key("context_length", 0)),
+            n_embd=n_embd, n_ff=_first(key("feed_forward_length", 0)), n_head=n_head,
+            n_head_kv=n_head_kv,
+            n_embd_head_k=int(key("attention.key_length", head_dim)),
+            n_embd_head_v=int(key("attention.value_length", head_dim)),
+            n_vocab=n_vocab, n_expert=int(key("expert_count", 0)),
+            n_expert_used=int(key("expert_used_count", 0)),
+            sliding_window=int(key("attention.sliding_window", 0)))
+
+    def n_embd_k_gqa(self, il: int) -> int:
+        """Width of one token's K in layer ``il`` (all its KV heads)."""
+        return self.n_embd_head_k * self.n_head_kv[il]
+
+    def n_embd_v_gqa(self, il: int) -> int:
+        """Width of one token's V in layer ``il``."""
+        return self.n_embd_head_v * self.n_head_kv[il]
+
+    def is_swa(self, il: int) -> bool:
+        """Whether layer ``il`` attends over a sliding window (gemma3: 5 of every 6 layers)."""
+        if self.sliding_window <= 0:
+            return False
+        if self.arch == "gemma3":
+            return il % 6 < 5
+        return False
+
+
+def _first(value) -> int:
+    """A scalar, or the first entry of a per-layer array."""
+    return int(value[0]) if isinstance(value, np.ndarray) else int(value)
