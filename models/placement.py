@@ -202,6 +202,7 @@ def plan_placement(
     else:
         layer_devices = _llama_cpp_layers(hp.n_layer, n_gpu_layers, offload, cpu, tensor_split)
 
+    rules = [(pattern, _map_target(target, offload, cpu)) for pattern, target in rules]
     chooser = _BufferChooser(hp, cpu)
     tensors: dict[str, TensorPlacement] = {}
     for name, info in infos.items():
@@ -307,7 +308,7 @@ def _explicit_map(device_map: Mapping, hp: HParams, offload: list[Device],
     layers: list[Device] = [cpu] * (hp.n_layer + 1)
     rules = []
     for key, target in device_map.items():
-        device = _map_target(target, offload)
+        device = _map_target(target, offload, cpu)
         span = _layer_span(key, hp.n_layer)
         if span is None:
             rules += parse_overrides([(str(key), device)])
@@ -317,12 +318,19 @@ def _explicit_map(device_map: Mapping, hp: HParams, offload: list[Device],
     return layers, rules
 
 
-def _map_target(target: Any, offload: list[Device]) -> Device:
+def _map_target(target: Any, offload: list[Device], cpu: Device) -> Device:
+    """A device named in a knob: a Device, an index among the offload devices, or a name,
+    looked up among the devices in play before the registry ("GPU1", "cuda:0", "cpu")."""
+    if isinstance(target, Device):
+        return target
     if isinstance(target, int) and not isinstance(target, bool):
         if not 0 <= target < len(offload):
-            raise InvalidArgumentError(f"device_map target {target} is not an offload device "
-                                       f"index (there are {len(offload)})")
+            raise InvalidArgumentError(f"device index {target} is not an offload device "
+                                       f"(there are {len(offload)})")
         return offload[target]
+    for device in (*offload, cpu):
+        if isinstance(target, str) and device.name.lower() == target.strip().lower():
+            return device
     return polydev.device(target)
 
 
@@ -393,7 +401,7 @@ def _budgets(offload: list[Device], cpu: Device, max_memory: Mapping | None) -> 
         return {d.name: d.memory()[0] for d in [*offload, cpu]}
     out: dict[str, int] = {}
     for key, value in max_memory.items():
-        device = _map_target(key, offload)
+        device = _map_target(key, offload, cpu)
         out[device.name] = parse_size(value, f"max_memory[{key!r}]")
     out.setdefault(cpu.name, cpu.memory()[0])
     return out
@@ -452,8 +460,7 @@ class _BufferChooser:
 
         for pattern, target in rules:
             if pattern.search(name):
-                dev = target if isinstance(target, Device) else polydev.device(target)
-                return result(dev, dev.buffer_type, f"override {pattern.pattern}")
+                return result(target, target.buffer_type, f"override {pattern.pattern}")
         where = "input layer" if layer is None else (
             "output layer" if layer == self.hp.n_layer else f"layer {layer}")
         candidates = [device] if device is self.cpu else [device, self.cpu]

@@ -43,3 +43,82 @@ def gemma3_path() -> Path:
 
 def model_path(name: str) -> Path:
     return smollm2_path() if name == SMOLLM2 else gemma3_path()
+
+
+def gguf_reader(path: Path):
+    """gguf.GGUFReader of ``path``, read once per session (it takes seconds on real models)."""
+    import gguf
+
+    key = str(path)
+    if key not in _READERS:
+        _READERS[key] = gguf.GGUFReader(key)
+    return _READERS[key]
+
+
+_READERS: dict[str, object] = {}
+
+
+def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
+                     n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 96, tied: bool = False,
+                     n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
+                     seed: int = 0) -> Path:
+    """A small llama-shaped (or MoE) GGUF with random weights and real metadata keys."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType[weight_type]
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(256)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list([f"t{i}" for i in range(n_vocab)])
+    w.add_token_types([1] * n_vocab)
+    w.add_token_merges([])
+
+    def matrix(name: str, *shape: int, kind=None) -> None:
+        values = rng.standard_normal(shape[::-1]).astype(np.float32) * 0.1
+        kind = qtype if kind is None else kind
+        if kind == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, values)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+
+    f32 = gguf.GGMLQuantizationType.F32
+    head_dim = n_embd // n_head
+    matrix("token_embd.weight", n_embd, n_vocab, kind=gguf.GGMLQuantizationType.Q8_0)
+    matrix("output_norm.weight", n_embd, kind=f32)
+    if not tied:
+        matrix("output.weight", n_embd, n_vocab)
+    for il in range(n_layer):
+        blk = f"blk.{il}."
+        matrix(blk + "attn_norm.weight", n_embd, kind=f32)
+        matrix(blk + "attn_q.weight", n_embd, n_embd)
+        matrix(blk + "attn_k.weight", n_embd, head_dim * n_head_kv)
+        matrix(blk + "attn_v.weight", n_embd, head_dim * n_head_kv)
+        matrix(blk + "attn_output.weight", n_embd, n_embd)
+        matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
+        if n_expert:
+            matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, kind=f32)
+            matrix(blk + "ffn_gate_exps.weight", n_embd, n_ff, n_expert)
+            matrix(blk + "ffn_up_exps.weight", n_embd, n_ff, n_expert)
+            matrix(blk + "ffn_down_exps.weight", n_ff, n_embd, n_expert)
+        else:
+            matrix(blk + "ffn_gate.weight", n_embd, n_ff)
+            matrix(blk + "ffn_up.weight", n_embd, n_ff)
+            matrix(blk + "ffn_down.weight", n_ff, n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
