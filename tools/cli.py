@@ -14,7 +14,7 @@ import sys
 import polydev
 from polydev.errors import PolydevError
 
-from . import compare, devices
+from . import compare, devices, info
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 EXIT_INTERRUPTED = 130          # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     devices.add_parser(sub, [common])
     compare.add_parser(sub, [common])
+    info.add_parser(sub, [common])
     return parser
 
 

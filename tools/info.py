@@ -1,0 +1,204 @@
+"""``polydev info``: what a user checks before running a model: its architecture and
+hyperparameters, tokenizer, tensors by type, and where each layer would go for the placement
+knobs given (llama.cpp's spelling: -ngl, -ts, -mg, -sm, -ot, --device)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import Counter
+from typing import Any
+
+from polydev.errors import InvalidArgumentError, MissingDependencyError
+
+from .table import format_table
+
+
+def add_placement_options(p: argparse.ArgumentParser) -> None:
+    """The placement knobs, as llama.cpp spells them (``polydev run`` takes them too)."""
+    g = p.add_argument_group("placement (as llama.cpp)")
+    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, metavar="N",
+                   help="layers to offload, counting the output layer; -1 (default) = all")
+    g.add_argument("-ts", "--tensor-split", metavar="A,B,...",
+                   help="share of the offloaded layers per device, e.g. 3,1 (default: by free "
+                        "memory)")
+    g.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="I",
+                   help="the device used with --split-mode none (default 0)")
+    g.add_argument("-sm", "--split-mode", choices=("none", "layer", "row"), default="layer",
+                   help="none: one device; layer (default): layers over the devices")
+    g.add_argument("-ot", "--override-tensor", action="append", default=[],
+                   metavar="REGEX=DEVICE",
+                   help="put tensors whose name matches REGEX on DEVICE (first match wins; "
+                        "may repeat)")
+    g.add_argument("--cpu-moe", action="store_true",
+                   help="keep the mixture-of-experts weights on the CPU")
+    g.add_argument("--device", metavar="D1,D2",
+                   help="the devices to offload to, comma-separated, or 'none' (default: every "
+                        "GPU)")
+    g.add_argument("-nkvo", "--no-kv-offload", action="store_true",
+                   help="keep the KV cache on the CPU")
+    g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
+                   help="context size the KV cache is sized for (default 4096)")
+    g.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
+                   help="tokens per batch, for the compute estimate (default 512)")
+
+
+def placement_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """plan_placement's keyword arguments from the command line."""
+    devices = None
+    if args.device is not None:
+        devices = [] if args.device.strip().lower() == "none" else [
+            d.strip() for d in args.device.split(",") if d.strip()]
+    split = None
+    if args.tensor_split:
+        try:
+            split = [float(x) for x in args.tensor_split.replace("/", ",").split(",")]
+        except ValueError:
+            raise InvalidArgumentError(f"-ts {args.tensor_split!r}: expected numbers such as "
+                                       "3,1") from None
+    return dict(devices=devices, n_gpu_layers=args.n_gpu_layers, split_mode=args.split_mode,
+                tensor_split=split, main_gpu=args.main_gpu,
+                override_tensor=args.override_tensor, cpu_moe=args.cpu_moe,
+                no_kv_offload=args.no_kv_offload, n_ctx=args.ctx_size,
+                n_batch=args.batch_size)
+
+
+def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``polydev info [-m MODEL] [placement knobs] [--json] [--tensors]``."""
+    p = sub.add_parser("info", parents=parents,
+                       help="describe a GGUF model and where its layers would go",
+                       description="Describe a GGUF model (architecture, hyperparameters, "
+                                   "tokenizer, tensors by type) and the placement of its "
+                                   "weights for the knobs given. Without -m: the embedded "
+                                   "default model (gemma-3-270m).")
+    p.add_argument("-m", "--model", metavar="PATH", help="a GGUF file (default: gemma-3-270m)")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.add_argument("--tensors", action="store_true", help="also list every tensor's placement")
+    add_placement_options(p)
+    p.set_defaults(run=run)
+
+
+def model_path(args: argparse.Namespace) -> str:
+    """The model the command line names, or the default model."""
+    if args.model:
+        return args.model
+    from polydev.models.default_model import default_model_path
+
+    return str(default_model_path())
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from polydev.models.gguf import GGUFFile
+        from polydev.models.hparams import HParams
+        from polydev.models.placement import plan_placement
+        from polydev.models.tokenizer import Vocab
+    except ImportError as e:
+        raise MissingDependencyError(f"polydev info needs the models extra: pip install "
+                                     f"'polydev[models]' ({e})") from None
+    with GGUFFile(model_path(args)) as f:
+        hp = HParams.from_gguf(f)
+        vocab = Vocab.from_gguf(f) if "tokenizer.ggml.model" in f.metadata else None
+        plan = plan_placement(f, **placement_knobs(args))
+        report = _report(f, hp, vocab, plan)
+    if args.json:
+        report["placement"] = plan.as_dict()
+        if not args.tensors:
+            report["placement"].pop("tensors")
+        print(json.dumps(report, indent=2))
+        return 0
+    print(_text(report, plan, args.tensors))
+    return 0
+
+
+def _report(f, hp, vocab, plan) -> dict[str, Any]:
+    by_type: Counter = Counter()
+    count: Counter = Counter()
+    for t in f.tensors.values():
+        by_type[str(t.type)] += t.nbytes
+        count[str(t.type)] += 1
+    tokenizer = None
+    if vocab is not None:
+        tokenizer = {"model": vocab.model, "pre": vocab.pre.name if vocab.pre else None,
+                     "n_vocab": len(vocab), "bos": _token(vocab, vocab.bos_id),
+                     "eos": _token(vocab, vocab.eos_id), "eot": _token(vocab, vocab.eot_id),
+                     "eog": sorted(vocab.eog_ids), "add_bos": vocab.add_bos,
+                     "add_eos": vocab.add_eos, "add_space_prefix": vocab.add_space_prefix,
+                     "chat_template": "tokenizer.chat_template" in f.metadata}
+    return {
+        "file": f.path, "file_bytes": f.size, "gguf_version": f.version,
+        "name": f.get("general.name"), "architecture": hp.arch,
+        "hparams": {"n_layer": hp.n_layer, "n_ctx_train": hp.n_ctx_train, "n_embd": hp.n_embd,
+                    "n_ff": hp.n_ff, "n_head": hp.n_head, "n_head_kv": sorted(set(hp.n_head_kv)),
+                    "n_embd_head_k": hp.n_embd_head_k, "n_embd_head_v": hp.n_embd_head_v,
+                    "n_vocab": hp.n_vocab, "n_expert": hp.n_expert,
+                    "n_expert_used": hp.n_expert_used, "sliding_window": hp.sliding_window,
+                    "rope_freq_base": f.get(f"{hp.arch}.rope.freq_base")},
+        "tokenizer": tokenizer,
+        "tensors": {"count": len(f.tensors), "bytes": sum(by_type.values()),
+                    "by_type": {k: {"count": count[k], "bytes": v}
+                                for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])}},
+    }
+
+
+def _token(vocab, token_id: int | None) -> str | None:
+    return None if token_id is None else f"{token_id} {vocab.tokens[token_id]!r}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _layers(layers: list[int], n_layer: int) -> str:
+    """[0, 1, 2, 5, 18] -> "0-2, 5, output" (n_layer = 18)."""
+    parts, run_start, prev = [], None, None
+    body = [il for il in layers if il < n_layer]
+    for il in body + [None]:
+        if run_start is not None and (il is None or il != prev + 1):
+            parts.append(str(run_start) if run_start == prev else f"{run_start}-{prev}")
+            run_start = None
+        if il is not None and run_start is None:
+            run_start = il
+        prev = il
+    if n_layer in layers:
+        parts.append("output")
+    return ", ".join(parts) or "-"
+
+
+def _text(report: dict[str, Any], plan, with_tensors: bool) -> str:
+    hp = report["hparams"]
+    tok = report["tokenizer"]
+    lines = [f"model        {os.path.basename(report['file'])} ({_mib(report['file_bytes'])}, "
+             f"GGUF v{report['gguf_version']})",
+             f"name         {report['name'] or '-'}",
+             f"architecture {report['architecture']}",
+             "hparams      " + ", ".join(f"{k} {v}" for k, v in hp.items()
+                                          if v not in (None, 0)),
+             ]
+    if tok is not None:
+        pre = f", pre {tok['pre']}" if tok["pre"] else ""
+        lines.append(f"tokenizer    {tok['model']}{pre}, {tok['n_vocab']:,} tokens, bos "
+                     f"{tok['bos']}, eos {tok['eos']}, add_bos {tok['add_bos']}, chat template "
+                     f"{'yes' if tok['chat_template'] else 'no'}")
+    t = report["tensors"]
+    lines += ["", f"tensors: {t['count']}, {_mib(t['bytes'])}",
+              format_table(["type", "count", "bytes"],
+                           [(k, v["count"], _mib(v["bytes"])) for k, v in t["by_type"].items()]),
+              "", "placement: " + _knob_summary(plan.settings),
+              format_table(["device", "layers", "weights", "KV cache", "compute (est.)",
+                            "total"],
+                           [(u.device.name, _layers(u.layers, plan.hparams.n_layer),
+                             _mib(u.weights), _mib(u.kv_cache), _mib(u.compute), _mib(u.total))
+                            for u in plan.usage.values()])]
+    if with_tensors:
+        lines += ["", format_table(
+            ["tensor", "type", "bytes", "op", "device", "buffer type", "why"],
+            [(tp.name, tp.type, f"{tp.nbytes:,}", tp.op, tp.device.name, tp.buffer_type.name,
+              tp.cause) for tp in plan.tensors.values()])]
+    return "\n".join(lines)
+
+
+def _knob_summary(settings: dict[str, Any]) -> str:
+    shown = {k: v for k, v in settings.items() if v not in (None, [], False)}
+    return ", ".join(f"{k}={v}" for k, v in shown.items())
