@@ -1,5 +1,18 @@
-"""polydev's model layer: GGUF files, weight placement over devices, tokenizers.
+"""polydev's model layer: GGUF files, weights placed over devices, llama.cpp's tokenizers.
 
 It uses only what ``polydev`` exports and asks the registry for devices; it never names a
-backend module (DESIGN.md).
+backend module (DESIGN.md). Needs the ``models`` extra (``pip install 'polydev[models]'``).
 """
+
+from .default_model import default_model_path
+from .gguf import GGUFFile, GGUFTensorInfo, StringArray
+from .hparams import HParams
+from .loader import ModelWeights, load_weights
+from .placement import DeviceUsage, Placement, TensorPlacement, parse_size, plan_placement
+from .tokenizer import Tokenizer, Vocab
+
+__all__ = [
+    "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray", "HParams",
+    "ModelWeights", "load_weights", "DeviceUsage", "Placement", "TensorPlacement",
+    "parse_size", "plan_placement", "Tokenizer", "Vocab",
+]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from polydev import BufferUsage, Context, Tensor, alloc_ctx_tensors, tensor_alloc, tensor_set
@@ -39,6 +40,8 @@ class ModelWeights(Resource):
         self.placement = placement
         self.tensors: dict[str, Tensor] = {}
         self.buffers: list[Buffer] = []
+        self.uploaded_bytes = 0          # what the load copied (the CPU's share is mapped)
+        self.upload_seconds = 0.0
         self._owns_file = owns_file
 
     def __getitem__(self, name: str) -> Tensor:
@@ -134,6 +137,7 @@ def _upload(weights: ModelWeights, progress: bool) -> None:
     from tqdm import tqdm
 
     total = sum(tp.nbytes for tp, _ in todo)
+    start = time.perf_counter()
     backends: dict[str, Any] = {}
     bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
                desc=f"loading {os.path.basename(weights.file.path)}",
@@ -151,6 +155,8 @@ def _upload(weights: ModelWeights, progress: bool) -> None:
             bar.update(tp.nbytes)
         for backend in backends.values():
             backend.synchronize()
+        weights.uploaded_bytes = total
+        weights.upload_seconds = time.perf_counter() - start
     finally:
         bar.close()
         for backend in backends.values():

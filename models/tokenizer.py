@@ -402,7 +402,7 @@ def _piece_tables(vocab: Vocab) -> tuple[list[bytes], list[bytes]]:
     """Per token: its bytes as a normal piece, and with control tokens written out."""
     plain, special = [], []
     byte_level = vocab.model == "gpt2"
-    for text, kind in zip(vocab.tokens, vocab.types.tolist()):
+    for text, kind in zip(vocab.tokens, vocab.types.tolist(), strict=True):
         if kind == TokenType.NORMAL:
             piece = _byte_level_decode(text) if byte_level else text.replace(_SPACE, " ").encode()
             plain.append(piece)

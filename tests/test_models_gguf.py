@@ -74,7 +74,8 @@ def assert_same_as_reader(path: Path) -> None:
             info = f.tensors[t.name]
             assert (info.type, info.ne, info.offset, info.nbytes) == (
                 GGMLType(t.tensor_type), tuple(int(n) for n in t.shape), t.data_offset, t.n_bytes)
-            assert np.array_equal(f.tensor_data(info), np.asarray(t.data).reshape(-1).view(np.uint8))
+            raw = np.asarray(t.data).reshape(-1).view(np.uint8)
+            assert np.array_equal(f.tensor_data(info), raw)
 
 
 def test_reads_what_the_gguf_writer_wrote(small):
@@ -200,7 +201,8 @@ def test_every_truncation_of_the_header_raises(small):
             GGUFFile(cut)
 
 
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=2000,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_files_open_or_raise_gguf_error(tmp_path_factory, data):
     """Flip bytes, write huge lengths, cut the file: reading gives a GGUFError or a file whose
