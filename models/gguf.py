@@ -7,9 +7,11 @@ string array is a ``StringArray`` that decodes an entry when it is read.
 
 Every length and count read from the file is checked against the bytes that remain before it
 is used, so a corrupt file raises ``GGUFError`` naming the file, what is wrong and the byte
-offset, never a crash, a hang or a huge allocation. The checks follow ggml's ``gguf.cpp``:
-version 2 or 3, a power-of-two ``general.alignment``, unique keys and tensor names, at most 4
-dimensions, whole blocks per row, aligned tensor offsets, and data inside the file.
+offset, never a crash, a hang or a huge allocation. The checks are ggml's (``gguf.cpp``), so
+a file polydev opens is one llama.cpp opens: version 2 or 3, a power-of-two
+``general.alignment``, non-empty unique keys, unique tensor names under 64 bytes, at most 4
+dimensions, whole blocks per row, tensors stored in order each padded to the alignment (no
+two overlap), and every byte inside the file.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = ["GGUFFile", "GGUFTensorInfo", "StringArray", "GGUF_MAGIC", "DEFAULT_A
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32          # GGUF_DEFAULT_ALIGNMENT
 MAX_DIMS = 4                    # GGML_MAX_DIMS
+MAX_NAME = 64                   # GGML_MAX_NAME, terminating zero included
 SUPPORTED_VERSIONS = (2, 3)     # version 1 used 32-bit counts and is long gone
 
 # Fixed-size value types: (struct code, numpy dtype) of one little-endian element.
@@ -265,12 +268,20 @@ class GGUFFile(Resource):
         infos = [self._read_tensor_info(cur, i) for i in range(n_tensors)]
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
         self.tensors: dict[str, GGUFTensorInfo] = {}
+        expected = 0        # ggml requires the tensors in order, each padded to the alignment
         for name, type_, ne, rel, at in infos:
-            self.tensors[name] = self._place_tensor(cur, name, type_, ne, rel, at)
+            info = self._place_tensor(cur, name, type_, ne, rel, at)
+            if rel != expected:
+                raise cur.fail(f"tensor {name!r} has data offset {rel}, expected {expected} "
+                               "(tensors follow each other, padded to the alignment)", at)
+            expected += -(-info.nbytes // self.alignment) * self.alignment
+            self.tensors[name] = info
 
     def _read_kv(self, cur: _Cursor, i: int) -> None:
         at = cur.pos
         key = cur.string(f"the name of key #{i}")
+        if not key:
+            raise cur.fail(f"key #{i} has an empty name", at)
         if key in self.metadata:
             raise cur.fail(f"duplicate key {key!r}", at)
         vtype = cur.value_type(f"the type of key {key!r}")
@@ -344,6 +355,9 @@ class GGUFFile(Resource):
     def _read_tensor_info(self, cur: _Cursor, i: int) -> tuple:
         at = cur.pos
         name = cur.string(f"the name of tensor #{i}")
+        if len(name.encode()) >= MAX_NAME:
+            raise cur.fail(f"tensor #{i}'s name is {len(name.encode())} bytes long (ggml allows "
+                           f"{MAX_NAME - 1})", at)
         n_dims = cur.u32(f"the dimension count of tensor {name!r}")
         if n_dims > MAX_DIMS:
             raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})", at)
@@ -369,9 +383,6 @@ class GGUFFile(Resource):
             raise cur.fail(f"tensor {name!r} ({traits.name}) has ne0={ne[0]}, not a multiple of "
                            f"its block size {traits.block_size}", at)
         nbytes = n_elements // traits.block_size * traits.type_size
-        if rel % self.alignment:
-            raise cur.fail(f"tensor {name!r} starts at data offset {rel}, not a multiple of the "
-                           f"alignment {self.alignment}", at)
         start = self.data_offset + rel
         if start + nbytes > cur.size:
             raise cur.fail(f"tensor {name!r} needs bytes {start}..{start + nbytes} but the file "

@@ -165,6 +165,33 @@ def test_unknown_tensor_type_names_the_tensor(small):
         GGUFFile(small)
 
 
+def test_tensor_offsets_must_follow_each_other(small):
+    """ggml's rule: the first tensor at data offset 0, each next one after the previous,
+    padded to the alignment; anything else (overlaps, gaps) is refused."""
+    at = first_tensor_type_offset(small) + 4
+    with pytest.raises(GGUFError, match=r"tensor 'a.weight' has data offset 32, expected 0"):
+        GGUFFile(patched(small, at, "<Q", 32))
+
+
+def test_an_empty_key_is_refused(small):
+    raw = small.read_bytes()
+    at = raw.index(struct.pack("<Q", len("test.f32")) + b"test.f32")
+    with pytest.raises(GGUFError, match="empty name"):
+        GGUFFile(patched(small, at, "<Q", 0))
+
+
+def test_a_tensor_name_of_64_bytes_is_refused(tmp_path):
+    path = tmp_path / "long.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_tensor("x" * 64, np.zeros(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="64 bytes long"):
+        GGUFFile(path)
+
+
 def test_array_length_past_the_end_is_refused_before_allocating(small):
     raw = small.read_bytes()
     key = b"test.strings"
