@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("gguf")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from polydev.errors import TokenizerError  # noqa: E402
 from polydev.models import tokenizer as tokenizer_module  # noqa: E402
@@ -119,25 +119,41 @@ PIECES = list("aZ0 9\n\t.,!?'\"-()<>|/\\é中😀") + [
     "<end_of_turn>", "<unk>", "<pad>", "Hello", " world", "1234567"]
 
 
-@pytest.fixture(scope="module")
-def llama_cpp_vocabs():
+# Text from every script and category (no lone surrogates: they are not UTF-8), mixed with
+# the pieces tokenizers trip on: runs of spaces and newlines, contractions, special tokens.
+TEXT = st.lists(st.one_of(st.sampled_from(PIECES),
+                          st.text(st.characters(exclude_categories=("Cs",)), max_size=4)),
+                max_size=12).map("".join)
+_ORACLES: dict[str, tuple] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_oracles():
+    """llama.cpp's vocabularies are freed here, not by finalizers at interpreter exit."""
+    yield
+    for _, llm, _ in _ORACLES.values():
+        llm.close()
+    _ORACLES.clear()
+
+
+def llama_cpp_and_ours(path: Path):
+    """(llama_cpp module, llama.cpp's vocabulary, our tokenizer) for one file."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle")
-    loaded = {}
-    for name in MODELS:
-        path = model_path(name)
-        loaded[name] = (llama_cpp.Llama(str(path), vocab_only=True, verbose=False),
-                        tokenizer_of(path))
-    return llama_cpp, loaded
+    key = str(path)
+    if key not in _ORACLES:
+        with GGUFFile(path) as f:
+            try:
+                ours = Tokenizer.from_gguf(f)
+            except TokenizerError as e:
+                pytest.skip(f"unsupported tokenizer: {e}")
+        _ORACLES[key] = (llama_cpp, llama_cpp.Llama(key, vocab_only=True, verbose=False), ours)
+    return _ORACLES[key]
 
 
-@pytest.mark.parametrize("name", MODELS)
-@settings(max_examples=150, deadline=None, suppress_health_check=[
-    HealthCheck.function_scoped_fixture])
-@given(pieces=st.lists(st.sampled_from(PIECES), max_size=12))
-def test_random_text_matches_llama_cpp(llama_cpp_vocabs, name, pieces):
-    llama_cpp, loaded = llama_cpp_vocabs
-    llm, tok = loaded[name]
-    text = "".join(pieces)
+def assert_same_as_llama_cpp(path: Path, text: str) -> None:
+    """tokenize in the four add_special/parse_special modes and detokenize in the four
+    remove_special/unparse_special modes give llama.cpp's ids and bytes."""
+    llama_cpp, llm, tok = llama_cpp_and_ours(path)
     for add_special in (True, False):
         for parse_special in (True, False):
             want = llm.tokenize(text.encode(), add_bos=add_special, special=parse_special)
@@ -152,6 +168,20 @@ def test_random_text_matches_llama_cpp(llama_cpp_vocabs, name, pieces):
                                            remove_special, unparse_special)
             got = tok.decode_bytes(ids, remove_special, unparse_special)
             assert got == buf.raw[:n], (text, remove_special, unparse_special)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@settings(max_examples=150, deadline=None)
+@given(text=TEXT)
+def test_random_text_matches_llama_cpp(name, text):
+    assert_same_as_llama_cpp(model_path(name), text)
+
+
+@pytest.mark.parametrize("path", _vocab_files())
+@settings(max_examples=40, deadline=None)
+@given(text=TEXT)
+def test_random_text_matches_llama_cpp_on_its_test_vocabs(path, text):
+    assert_same_as_llama_cpp(path, text)
 
 
 # --- the cache and errors ---------------------------------------------------------------------
