@@ -41,8 +41,9 @@ __all__ = ["Tokenizer", "Vocab"]
 log = logging.getLogger(__name__)
 
 # Bump when the built tokenizer changes for the same file, so stale cache entries are ignored.
-_BUILD_VERSION = 1
+_BUILD_VERSION = 2
 _SPACE = "\u2581"        # SentencePiece's escaped space
+_MISSING = "\u0000polydev:missing\u0000"   # byte-level BPE: a character not in the vocabulary
 
 # Texts llama.cpp treats as end of generation (and forces to control type).
 _EOG_TEXTS = frozenset([
@@ -214,7 +215,8 @@ class Tokenizer:
             out.append(self._required("bos"))
         if text:
             self._hf.encode_special_tokens = not parse_special
-            out += self._hf.encode(text, add_special_tokens=False).ids
+            ids = self._hf.encode(text, add_special_tokens=False).ids
+            out += [i for i in ids if i != self.n_vocab] if self.n_vocab in ids else ids
         if add_special and self.vocab.add_eos:
             out.append(self._required("eos"))
         return out
@@ -346,7 +348,12 @@ def _build(vocab: Vocab):
             steps.insert(0, normalizers.Prepend(_SPACE))
         hf.normalizer = normalizers.Sequence(steps)
     else:
-        hf = HFTokenizer(BPE(vocab=ids, merges=_file_merges(vocab, ids),
+        # A character the vocabulary lacks stays a symbol of its own in llama.cpp: it blocks
+        # merges across it and is then dropped. An "unknown" token one past the vocabulary
+        # does the same here (encode drops its id).
+        merges = _file_merges(vocab, ids)
+        ids[_MISSING] = len(vocab.tokens)
+        hf = HFTokenizer(BPE(vocab=ids, merges=merges, unk_token=_MISSING, fuse_unk=False,
                              ignore_merges=vocab.pre.ignore_merges))
         from tokenizers import Regex
         splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in vocab.pre.regexes]

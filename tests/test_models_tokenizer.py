@@ -229,3 +229,29 @@ def test_unsupported_tokenizer_models(tmp_path):
     w.close()
     with GGUFFile(path) as f, pytest.raises(TokenizerError, match="'bert' is not supported"):
         Tokenizer.from_gguf(f)
+
+
+def test_a_character_the_vocabulary_lacks_blocks_merges(tmp_path):
+    """llama.cpp keeps an unknown character as a symbol of its own (no merge crosses it) and
+    then drops it: "acb" with merges "a b" but no "c" is [a, b], never [ab]."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(["a", "b", "ab", "<|endoftext|>"])
+    w.add_token_types([1, 1, 1, 3])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(3)
+    w.add_eos_token_id(3)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFFile(path) as f:
+        tok = Tokenizer.from_gguf(f, cache=False)
+    assert tok.encode("ab") == [2]
+    assert tok.encode("acb") == [0, 1]
+    assert tok.encode("c") == []
+    assert tok.encode("<|endoftext|>ab", parse_special=True) == [3, 2]
