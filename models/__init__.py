@@ -1,4 +1,5 @@
-"""polydev's model layer: GGUF files, weights placed over devices, llama.cpp's tokenizers.
+"""polydev's model layer: GGUF files, weights placed over devices, llama.cpp's tokenizers,
+and the models themselves (``polydev.models.load``).
 
 It uses only what ``polydev`` exports and asks the registry for devices; it never names a
 backend module (DESIGN.md). Needs the ``models`` extra (``pip install 'polydev[models]'``).
@@ -8,11 +9,13 @@ from .default_model import default_model_path
 from .gguf import GGUFFile, GGUFTensorInfo, StringArray
 from .hparams import HParams
 from .loader import ModelWeights, load_weights
+from .model import Model, load
 from .placement import DeviceUsage, Placement, TensorPlacement, parse_size, plan_placement
+from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, Vocab
 
 __all__ = [
     "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray", "HParams",
-    "ModelWeights", "load_weights", "DeviceUsage", "Placement", "TensorPlacement",
+    "ModelWeights", "load_weights", "Model", "load", "Sampler", "SamplingParams", "DeviceUsage", "Placement", "TensorPlacement",
     "parse_size", "plan_placement", "Tokenizer", "Vocab",
 ]

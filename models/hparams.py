@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polydev.errors import GGUFError
+from polydev.errors import GGUFError, UnsupportedError
 
 from .gguf import GGUFFile
 
@@ -30,7 +30,17 @@ class HParams:
     n_vocab: int
     n_expert: int = 0
     n_expert_used: int = 0
+    n_ff_exp: int = 0                 # feed-forward width of one expert
     sliding_window: int = 0
+    rms_eps: float = 1e-6
+    n_rot: int = 0                    # dimensions rotated by RoPE (0: the head size)
+    rope_freq_base: float = 10000.0
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale: float = 1.0
+    n_ctx_orig: int = 0
+    final_logit_softcap: float = 0.0
+    attn_logit_softcap: float = 0.0
+    expert_weights_norm: bool = False
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "HParams":
@@ -65,7 +75,19 @@ class HParams:
             n_embd_head_v=int(key("attention.value_length", head_dim)),
             n_vocab=n_vocab, n_expert=int(key("expert_count", 0)),
             n_expert_used=int(key("expert_used_count", 0)),
-            sliding_window=int(key("attention.sliding_window", 0)))
+            n_ff_exp=int(key("expert_feed_forward_length", 0)),
+            sliding_window=int(key("attention.sliding_window", 0)),
+            rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            n_rot=int(key("rope.dimension_count", 0)),
+            rope_freq_base=float(key("rope.freq_base", 10000.0)),
+            # llama.cpp's default for gemma3's sliding-window layers
+            rope_freq_base_swa=float(key("rope.freq_base_swa", 10000.0)),
+            rope_freq_scale=_freq_scale(f, arch),
+            n_ctx_orig=int(key("rope.scaling.original_context_length",
+                               key("context_length", 0))),
+            final_logit_softcap=float(key("final_logit_softcapping", 0.0)),
+            attn_logit_softcap=float(key("attn_logit_softcapping", 0.0)),
+            expert_weights_norm=bool(key("expert_weights_norm", arch == "qwen3moe")))
 
     def n_embd_k_gqa(self, il: int) -> int:
         """Width of one token's K in layer ``il`` (all its KV heads)."""
@@ -75,6 +97,11 @@ class HParams:
         """Width of one token's V in layer ``il``."""
         return self.n_embd_head_v * self.n_head_kv[il]
 
+    @property
+    def head_dim_rot(self) -> int:
+        """Dimensions RoPE rotates."""
+        return self.n_rot or self.n_embd_head_k
+
     def is_swa(self, il: int) -> bool:
         """Whether layer ``il`` attends over a sliding window (gemma3: 5 of every 6 layers)."""
         if self.sliding_window <= 0:
@@ -82,6 +109,18 @@ class HParams:
         if self.arch == "gemma3":
             return il % 6 < 5
         return False
+
+
+def _freq_scale(f: GGUFFile, arch: str) -> float:
+    """1 / the linear RoPE scaling factor; other scaling types are refused by name."""
+    kind = f.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    if kind in ("none", "") or factor in (0.0, 1.0):
+        return 1.0
+    if kind != "linear":
+        raise UnsupportedError(f"{f.path}: RoPE scaling {kind!r} is not supported (polydev "
+                               "runs none and linear)")
+    return 1.0 / factor
 
 
 def _first(value) -> int:

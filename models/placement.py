@@ -520,12 +520,10 @@ def _probe_op(ctx: Context, w, op: str, hp: HParams):
 # --- memory -------------------------------------------------------------------------------------
 
 def _kv_cells(hp: HParams, il: int, n_ctx: int, n_batch: int) -> int:
-    """Cells of layer ``il``'s KV cache: n_ctx padded to 256, or for a sliding-window layer
-    the window plus a batch (llama.cpp's iSWA cache)."""
-    cells = -(-n_ctx // KV_PAD) * KV_PAD
-    if hp.is_swa(il):
-        cells = min(cells, -(-(hp.sliding_window + n_batch) // KV_PAD) * KV_PAD)
-    return cells
+    """Cells of layer ``il``'s KV cache: n_ctx padded to 256. Sliding-window layers keep a
+    full cache too (their mask hides what is out of the window); llama.cpp's smaller ring
+    cache for them is not built yet."""
+    return -(-n_ctx // KV_PAD) * KV_PAD
 
 
 def _kv_layer_bytes(hp: HParams, il: int, cells: int, type_k: GGMLType,

@@ -108,6 +108,8 @@ class Scheduler(Resource):
         self._next_copy = 0
         self._callback: EvalCallback | None = None
         self._trace: list[dict] | None = None
+        # bytes copied into each backend's splits since the scheduler was made (per name)
+        self.copied_bytes: dict[str, int] = {}
         self._trace_done: list[dict] = []
 
     # --- public API -----------------------------------------------------------------------------
@@ -121,6 +123,13 @@ class Scheduler(Resource):
     def n_splits(self) -> int:
         """How many splits the last allocated graph was cut into."""
         return len(self._step.splits) if self._step is not None else 0
+
+    def splits_per_backend(self) -> dict[str, int]:
+        """How many splits of the last allocated graph run on each backend, by name."""
+        counts = {b.name: 0 for b in self.backends}
+        for split in (self._step.splits if self._step is not None else []):
+            counts[self.backends[split.backend_id].name] += 1
+        return counts
 
     def backend_id(self, backend: Backend) -> int:
         """The index of ``backend`` in the scheduler's priority list."""
@@ -385,6 +394,7 @@ class Scheduler(Resource):
     def _copy_inputs(self, split: Split, backend: Backend, event: Event | None) -> None:
         step = self._step
         for src in split.inputs:
+            self.copied_bytes[backend.name] = self.copied_bytes.get(backend.name, 0) + src.nbytes
             copy = step.copies[(id(src), split.backend_id)][self.cur_copy]
             source = step.resolve.get(id(src), src)
             src_backend = self.backends[step.ids.get(src)]

@@ -14,7 +14,7 @@ import sys
 import polydev
 from polydev.errors import PolydevError
 
-from . import compare, devices, info
+from . import compare, devices, info, run
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 EXIT_INTERRUPTED = 130          # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_parser(sub, [common])
     compare.add_parser(sub, [common])
     info.add_parser(sub, [common])
+    run.add_parser(sub, [common])
     return parser
 
 

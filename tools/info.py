@@ -146,11 +146,11 @@ def _token(vocab, token_id: int | None) -> str | None:
     return None if token_id is None else f"{token_id} {vocab.tokens[token_id]!r}"
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def _layers(layers: list[int], n_layer: int) -> str:
+def layer_ranges(layers: list[int], n_layer: int) -> str:
     """[0, 1, 2, 5, 18] -> "0-2, 5, output" (n_layer = 18)."""
     parts, run_start, prev = [], None, None
     body = [il for il in layers if il < n_layer]
@@ -169,7 +169,7 @@ def _layers(layers: list[int], n_layer: int) -> str:
 def _text(report: dict[str, Any], plan, with_tensors: bool) -> str:
     hp = report["hparams"]
     tok = report["tokenizer"]
-    lines = [f"model        {os.path.basename(report['file'])} ({_mib(report['file_bytes'])}, "
+    lines = [f"model        {os.path.basename(report['file'])} ({mib(report['file_bytes'])}, "
              f"GGUF v{report['gguf_version']})",
              f"name         {report['name'] or '-'}",
              f"architecture {report['architecture']}",
@@ -182,14 +182,14 @@ def _text(report: dict[str, Any], plan, with_tensors: bool) -> str:
                      f"{tok['bos']}, eos {tok['eos']}, add_bos {tok['add_bos']}, chat template "
                      f"{'yes' if tok['chat_template'] else 'no'}")
     t = report["tensors"]
-    lines += ["", f"tensors: {t['count']}, {_mib(t['bytes'])}",
+    lines += ["", f"tensors: {t['count']}, {mib(t['bytes'])}",
               format_table(["type", "count", "bytes"],
-                           [(k, v["count"], _mib(v["bytes"])) for k, v in t["by_type"].items()]),
+                           [(k, v["count"], mib(v["bytes"])) for k, v in t["by_type"].items()]),
               "", "placement: " + _knob_summary(plan.settings),
               format_table(["device", "layers", "weights", "KV cache", "compute (est.)",
                             "total"],
-                           [(u.device.name, _layers(u.layers, plan.hparams.n_layer),
-                             _mib(u.weights), _mib(u.kv_cache), _mib(u.compute), _mib(u.total))
+                           [(u.device.name, layer_ranges(u.layers, plan.hparams.n_layer),
+                             mib(u.weights), mib(u.kv_cache), mib(u.compute), mib(u.total))
                             for u in plan.usage.values()])]
     if with_tensors:
         lines += ["", format_table(

@@ -1,0 +1,25 @@
+"""``llama`` (SmolLM2, TinyLlama, Llama 3): RMS norms, NORM RoPE with optional ``rope_freqs``,
+grouped-query attention, SwiGLU (llama.cpp's ``llm_build_llama``)."""
+
+from __future__ import annotations
+
+from polydev import RopeMode, Tensor, ops
+
+from ..layers import Weights, attention, embed, feed_forward, norm, output_head, select_outputs
+from ..step import StepGraph
+
+
+def build(s: StepGraph, w: Weights) -> Tensor:
+    hp = s.hp
+    x = embed(s, w["token_embd"])
+    rope_freqs = w.get("rope_freqs")
+    for il in range(hp.n_layer):
+        h = norm(s, x, w.layer(il, "attn_norm"), hp.rms_eps)
+        h = attention(s, w, il, h, rope_mode=RopeMode.NORMAL, freq_base=hp.rope_freq_base,
+                      rope_freqs=rope_freqs)
+        if il == hp.n_layer - 1:
+            h, x = select_outputs(s, h, x)
+        x = ops.add(s.ctx, h, x)
+        h = norm(s, x, w.layer(il, "ffn_norm"), hp.rms_eps)
+        x = ops.add(s.ctx, feed_forward(s, w, il, h, "silu"), x)
+    return output_head(s, w, x)

@@ -1,0 +1,51 @@
+"""Chat messages to a prompt with the model's own ``tokenizer.chat_template``, rendered with
+jinja2 as transformers and llama.cpp render it (sandboxed, ``trim_blocks``/``lstrip_blocks``,
+``raise_exception``, ``bos_token``/``eos_token``, ``add_generation_prompt``). A model without
+a template gets llama.cpp's fallback, ChatML."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any, Sequence
+
+from polydev.errors import InvalidArgumentError, MissingDependencyError
+
+__all__ = ["render_chat", "CHATML"]
+
+log = logging.getLogger(__name__)
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def render_chat(template: str | None, messages: Sequence[dict[str, Any]], *, bos_token: str = "",
+                eos_token: str = "", add_generation_prompt: bool = True) -> str:
+    """The prompt text for ``messages`` (dicts with "role" and "content")."""
+    try:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise MissingDependencyError("chat templates need jinja2: pip install "
+                                     "'polydev[models]'") from None
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise InvalidArgumentError(f"message {i} must be a dict with 'role' and 'content', "
+                                       f"got {m!r}")
+    if template is None:
+        log.warning("the model has no chat template; using ChatML (llama.cpp's fallback)")
+        template = CHATML
+
+    def raise_exception(message: str) -> None:
+        raise InvalidArgumentError(f"the chat template refused the messages: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(
+            messages=list(messages), bos_token=bos_token, eos_token=eos_token,
+            add_generation_prompt=add_generation_prompt)
+    except TemplateError as e:
+        raise InvalidArgumentError(f"the chat template failed: {e}") from None

@@ -1,0 +1,100 @@
+"""The KV cache: per layer, a K and a V matrix of ``kv_size`` cells on that layer's device.
+
+A cell holds one token's keys (``n_embd_k_gqa`` values) or values; cell ``i`` is the token at
+position ``i`` (one sequence). Graphs write a batch's rows with SET_ROWS at the batch's cell
+indices and read the first ``n_kv`` cells through views of what SET_ROWS returns, so every
+read is ordered after the write by the graph's own edges. ``n_kv`` is the filled length
+padded to 256 cells: a decode graph keeps its shape for 256 steps (llama.cpp pads the same way).
+
+Types are llama.cpp's: F16 by default, Q8_0 or F32 on request (``type_k``/``type_v``).
+"""
+
+from __future__ import annotations
+
+from polydev import BufferUsage, Context, GGMLType, Tensor, alloc_ctx_tensors, ops
+from polydev.buffer import Buffer
+from polydev.errors import InvalidArgumentError
+from polydev.lifetime import Resource
+
+from .hparams import HParams
+from .placement import KV_PAD, Placement
+
+__all__ = ["KVCache", "KV_TYPES"]
+
+KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
+
+
+class KVCache(Resource):
+    """K and V tensors for every layer, allocated on the devices ``placement.kv_devices`` names."""
+
+    def __init__(self, hp: HParams, placement: Placement, n_ctx: int,
+                 type_k: GGMLType | str = "f16", type_v: GGMLType | str = "f16") -> None:
+        self.type_k, self.type_v = GGMLType.parse(type_k), GGMLType.parse(type_v)
+        for name, t in (("type_k", self.type_k), ("type_v", self.type_v)):
+            if t not in KV_TYPES:
+                raise InvalidArgumentError(f"{name} must be one of "
+                                           f"{', '.join(str(k) for k in KV_TYPES)}, got {t}")
+        if n_ctx <= 0:
+            raise InvalidArgumentError(f"n_ctx must be positive, got {n_ctx}")
+        self.hp = hp
+        self.size = -(-n_ctx // KV_PAD) * KV_PAD
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+        self.buffers: list[Buffer] = []
+        contexts: dict[int, tuple] = {}
+        for il in range(hp.n_layer):
+            device = placement.kv_devices[il]
+            buft, ctx = contexts.setdefault(id(device), (device.buffer_type,
+                                                         Context(f"kv {device.name}")))
+            self.k.append(ctx.new_tensor(self.type_k, [hp.n_embd_k_gqa(il), self.size],
+                                         name=f"cache_k_l{il}"))
+            self.v.append(ctx.new_tensor(self.type_v, [hp.n_embd_v_gqa(il), self.size],
+                                         name=f"cache_v_l{il}"))
+        try:
+            for buft, ctx in contexts.values():
+                buf = alloc_ctx_tensors(ctx, buft)
+                if buf is not None:
+                    buf.usage = BufferUsage.ANY
+                    buf.clear(0)
+                    self.buffers.append(buf)
+        except BaseException:
+            self._free()
+            raise
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds on all its devices."""
+        return sum(b.size for b in self.buffers)
+
+    def n_kv(self, n_past: int) -> int:
+        """Cells a graph attends over once ``n_past`` positions are filled."""
+        return min(self.size, max(KV_PAD, -(-n_past // KV_PAD) * KV_PAD))
+
+    def store_and_view(self, ctx: Context, il: int, k: Tensor, v: Tensor, cells: Tensor,
+                       n_kv: int) -> tuple[Tensor, Tensor]:
+        """Write the batch's K and V rows (``k`` [head_k, n_head_kv, n_tokens], ``v`` alike)
+        at ``cells`` and return views of the first ``n_kv`` cells, [head, n_kv, n_head_kv],
+        that read after the writes."""
+        n_tokens = k.ne[2]
+        K, V = self.k[il], self.v[il]
+        k_new = ops.set_rows(ctx, K, ctx.reshape(k, K.ne[0], n_tokens), cells)
+        v_new = ops.set_rows(ctx, V, ctx.reshape(v, V.ne[0], n_tokens), cells)
+        head_k, head_v = k.ne[0], v.ne[0]
+        k_view = ctx.view_3d(k_new, head_k, n_kv, k.ne[1], K.nb[1],
+                             K.traits.row_size(head_k), 0)
+        v_view = ctx.view_3d(v_new, head_v, n_kv, v.ne[1], V.nb[1],
+                             V.traits.row_size(head_v), 0)
+        return k_view, v_view
+
+    def clear(self) -> None:
+        """Forget every cell (``Model.reset``)."""
+        for buf in self.buffers:
+            buf.clear(0)
+
+    def _describe(self) -> str:
+        return "the KV cache"
+
+    def _free(self) -> None:
+        for buf in self.buffers:
+            buf.close()
+        self.buffers.clear()

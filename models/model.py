@@ -1,0 +1,194 @@
+"""The public model: ``polydev.models.load(path)`` and ``Model``.
+
+``Model`` ties a GGUF file's weights (placed over devices), its tokenizer, a KV cache and the
+step evaluator together: ``tokenize``/``detokenize``, ``eval`` and ``logits``, ``generate``
+(an iterator of text pieces), ``chat`` (the file's own chat template), ``reset`` and ``close``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from polydev.errors import InvalidArgumentError
+from polydev.lifetime import Resource
+
+from .chat_template import render_chat
+from .default_model import default_model_path
+from .evaluator import Evaluator, Timings
+from .gguf import GGUFFile
+from .kv_cache import KVCache
+from .loader import ModelWeights, load_weights
+from .placement import Placement, plan_placement
+from .sampling import Sampler, SamplingParams
+from .streaming import Utf8Stream
+from .tokenizer import Tokenizer
+
+__all__ = ["Model", "load"]
+
+
+def load(path: str | os.PathLike | None = None, *, devices=None, n_gpu_layers: int = -1,
+         split_mode: str = "layer", tensor_split=None, main_gpu: int = 0,
+         override_tensor=(), cpu_moe: bool = False, no_kv_offload: bool = False,
+         device_map=None, max_memory=None, n_ctx: int = 4096, n_batch: int = 512,
+         type_k: str = "f16", type_v: str = "f16", progress: bool = True) -> "Model":
+    """Load a GGUF model (default: the embedded gemma-3-270m) with its layers placed as
+    llama.cpp's knobs (or accelerate's ``device_map``/``max_memory``) say."""
+    path = default_model_path() if path is None else path
+    file = GGUFFile(path)
+    try:
+        placement = plan_placement(
+            file, devices=devices, n_gpu_layers=n_gpu_layers, split_mode=split_mode,
+            tensor_split=tensor_split, main_gpu=main_gpu, override_tensor=override_tensor,
+            cpu_moe=cpu_moe, no_kv_offload=no_kv_offload, device_map=device_map,
+            max_memory=max_memory, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)
+        return Model(file, placement, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k,
+                     type_v=type_v, progress=progress)
+    except BaseException:
+        file.close()
+        raise
+
+
+class Model(Resource):
+    """A loaded model; a context manager (``close()`` frees every buffer and the file)."""
+
+    def __init__(self, file: GGUFFile, placement: Placement, *, n_ctx: int, n_batch: int,
+                 type_k: str, type_v: str, progress: bool = True) -> None:
+        start = time.perf_counter()
+        self.file, self.placement, self.hparams = file, placement, placement.hparams
+        self.weights: ModelWeights | None = None
+        self.kv: KVCache | None = None
+        self.evaluator: Evaluator | None = None
+        try:
+            self.tokenizer = Tokenizer.from_gguf(file)
+            self.weights = load_weights(file, placement, progress=progress)
+            self.kv = KVCache(self.hparams, placement, n_ctx, type_k, type_v)
+            self.evaluator = Evaluator(self.weights, self.kv, n_batch)
+        except BaseException:
+            self._free()
+            raise
+        self.load_seconds = time.perf_counter() - start
+        self._logits: np.ndarray | None = None
+        self.tokens: list[int] = []
+
+    # --- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        """llama.cpp's tokenize."""
+        return self.tokenizer.encode(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Sequence[int], remove_special: bool = False,
+                   unparse_special: bool = False) -> str:
+        """llama.cpp's detokenize."""
+        return self.tokenizer.decode(tokens, remove_special, unparse_special)
+
+    # --- evaluation ------------------------------------------------------------------------
+
+    def eval(self, tokens: Sequence[int], all_logits: bool = False) -> None:
+        """Evaluate ``tokens`` after those already in the context; ``logits()`` then holds the
+        last token's logits (every token's with ``all_logits``)."""
+        self._check_open()
+        self._logits = self.evaluator.eval(tokens, all_logits)
+        self.tokens += [int(t) for t in tokens]
+
+    def logits(self) -> np.ndarray:
+        """The logits of the last ``eval``: [n_vocab], or [n_tokens, n_vocab] (a copy)."""
+        if self._logits is None:
+            raise InvalidArgumentError("no logits yet: call eval first")
+        return self._logits.copy()
+
+    def reset(self) -> None:
+        """Forget the context (the KV cache and the tokens in it)."""
+        self._check_open()
+        self.evaluator.reset()
+        self.tokens, self._logits = [], None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.size
+
+    @property
+    def timings(self) -> Timings:
+        return self.evaluator.timings
+
+    # --- generation ------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, *,
+                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 seed: int | None = None, add_special: bool = True, parse_special: bool = False,
+                 keep_context: bool = False) -> Iterator[str]:
+        """Text pieces of the continuation of ``prompt`` (text, or token ids), streamed as they
+        are generated; stops at an end-of-generation token or after ``max_tokens``.
+        ``temperature=0`` is greedy. The context starts empty unless ``keep_context``."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                seed=seed)
+        ids = (self.tokenize(prompt, add_special, parse_special) if isinstance(prompt, str)
+               else [int(t) for t in prompt])
+        if not ids:
+            raise InvalidArgumentError("the prompt has no tokens")
+        if max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        return self._generate(ids, max_tokens, params, keep_context)
+
+    def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
+                  keep_context: bool) -> Iterator[str]:
+        if not keep_context:
+            self.reset()
+        sampler = Sampler(params, self.n_ctx)
+        for t in self.tokens + ids:
+            sampler.accept(t)
+        stream = Utf8Stream()
+        self.eval(ids)
+        for _ in range(max_tokens):
+            token = sampler.sample(self._logits)
+            if self.tokenizer.is_eog(token):
+                break
+            sampler.accept(token)
+            text = stream.feed(self.tokenizer.token_to_piece(token))
+            if text:
+                yield text
+            if len(self.tokens) >= self.n_ctx:
+                break
+            self.eval([token])
+        tail = stream.flush()
+        if tail:
+            yield tail
+
+    def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256,
+             **sampling: Any) -> Iterator[str]:
+        """The assistant's reply to ``messages``, through the model's own chat template."""
+        prompt = self.chat_prompt(messages)
+        return self.generate(prompt, max_tokens, add_special=False, parse_special=True,
+                             **sampling)
+
+    def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> str:
+        """``messages`` rendered by the model's chat template, ready for the assistant."""
+        tok = self.tokenizer
+        bos = tok.vocab.tokens[tok.bos_id] if tok.bos_id is not None else ""
+        eos = tok.vocab.tokens[tok.eos_id] if tok.eos_id is not None else ""
+        text = render_chat(self.file.get("tokenizer.chat_template"), messages, bos_token=bos,
+                           eos_token=eos)
+        if tok.vocab.add_bos and bos and not text.startswith(bos):
+            text = bos + text                  # llama.cpp adds BOS when the template does not
+        return text
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return (f"Model({os.path.basename(self.file.path)!r}, {self.hparams.arch}, "
+                f"{self.hparams.n_layer} layers, n_ctx={self.n_ctx if self.kv else '?'})")
+
+    def _describe(self) -> str:
+        return f"the model {self.file.path}"
+
+    def _free(self) -> None:
+        for part in (self.evaluator, self.kv, self.weights):
+            if part is not None:
+                part.close()
+        self.file.close()

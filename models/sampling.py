@@ -1,0 +1,122 @@
+"""llama.cpp's sampler chain and defaults (``common_sampler``): repetition penalties over the
+last ``repeat_last_n`` tokens (off by default), top-k 40, top-p 0.95, min-p 0.05, temperature
+0.8, then a seeded draw from what is left. Temperature 0 (or less) is greedy.
+
+Each step works on the logits of one token as numpy arrays of the surviving candidates; no
+Python loop runs over the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from polydev.errors import InvalidArgumentError
+
+__all__ = ["SamplingParams", "Sampler"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The knobs of the chain, with llama.cpp's defaults."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0       # 1.0: off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.top_p <= 1.0 or not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgumentError(f"top_p ({self.top_p}) and min_p ({self.min_p}) must be "
+                                       "in [0, 1]")
+        if self.repeat_penalty <= 0:
+            raise InvalidArgumentError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise InvalidArgumentError(f"repeat_last_n must be -1 (the context) or more, got "
+                                       f"{self.repeat_last_n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+class Sampler:
+    """The chain with its state: the recent tokens the penalties look at, and the RNG."""
+
+    def __init__(self, params: SamplingParams | None = None, n_ctx: int = 4096) -> None:
+        self.params = params or SamplingParams()
+        last_n = self.params.repeat_last_n
+        self._recent: deque[int] = deque(maxlen=n_ctx if last_n == -1 else max(last_n, 0))
+        self._rng = np.random.default_rng(self.params.seed)
+
+    def accept(self, token: int) -> None:
+        """Record a token of the sequence (prompt or generated) for the penalties."""
+        if self._recent.maxlen:
+            self._recent.append(int(token))
+
+    def sample(self, logits: np.ndarray) -> int:
+        """The next token from one row of logits."""
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float32)
+        ids = np.arange(logits.shape[0])
+        values = self._penalize(logits.copy()) if self._penalties_on() else logits
+        if p.greedy:
+            return int(np.argmax(values))
+        ids, values = _top_k(ids, values, p.top_k)
+        ids, values = _top_p(ids, values, p.top_p)
+        ids, values = _min_p(ids, values, p.min_p)
+        values = values / p.temperature
+        probs = np.exp(values - values.max())
+        probs /= probs.sum()
+        return int(ids[self._rng.choice(len(ids), p=probs)])
+
+    def _penalties_on(self) -> bool:
+        p = self.params
+        return bool(self._recent) and (p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0
+                                       or p.presence_penalty != 0.0)
+
+    def _penalize(self, logits: np.ndarray) -> np.ndarray:
+        """llama.cpp's penalties: positive logits divided by the repeat penalty, negative ones
+        multiplied; then frequency * count and presence subtracted."""
+        p = self.params
+        tokens, counts = np.unique(np.fromiter(self._recent, dtype=np.int64), return_counts=True)
+        tokens, counts = tokens[tokens < logits.shape[0]], counts[tokens < logits.shape[0]]
+        seen = logits[tokens]
+        seen = np.where(seen <= 0, seen * p.repeat_penalty, seen / p.repeat_penalty)
+        logits[tokens] = seen - counts * p.frequency_penalty - p.presence_penalty
+        return logits
+
+
+def _top_k(ids: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest, sorted descending (k <= 0: all, sorted)."""
+    if 0 < k < len(values):
+        keep = np.argpartition(-values, k - 1)[:k]
+        ids, values = ids[keep], values[keep]
+    order = np.argsort(-values, kind="stable")
+    return ids[order], values[order]
+
+
+def _top_p(ids: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest prefix (of the sorted candidates) whose probability reaches p."""
+    if p >= 1.0:
+        return ids, values
+    probs = np.exp(values - values[0])
+    cum = np.cumsum(probs / probs.sum())
+    n = int(np.searchsorted(cum, p)) + 1
+    return ids[:n], values[:n]
+
+
+def _min_p(ids: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Those whose probability is at least p times the largest one's."""
+    if p <= 0.0:
+        return ids, values
+    keep = values >= values[0] + np.log(p)
+    keep[0] = True
+    return ids[keep], values[keep]

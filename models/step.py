@@ -1,0 +1,71 @@
+"""One step's graph: its input tensors, how they are filled, and the graph an architecture
+builds over them.
+
+A step evaluates ``n_tokens`` consecutive tokens of the one sequence, attends over ``n_kv``
+cache cells and outputs logits for ``n_outputs`` rows (the last token, or all). Those three
+numbers are the graph's shape: a ``StepGraph`` is built once per shape and computed again with
+new inputs (llama.cpp reuses its graphs the same way), so a decode graph is built once per 256
+positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polydev import Context, GGMLType, Graph, Tensor, build_graph
+
+from .hparams import HParams
+from .kv_cache import KVCache
+
+__all__ = ["StepShape", "StepGraph"]
+
+_NEG_INF = np.float16(-np.inf)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    n_tokens: int
+    n_kv: int
+    n_outputs: int
+
+
+class StepGraph:
+    """The inputs of one step shape, the graph built over them, and its logits."""
+
+    def __init__(self, hp: HParams, kv: KVCache, shape: StepShape, build) -> None:
+        self.hp, self.kv, self.shape = hp, kv, shape
+        n, n_kv = shape.n_tokens, shape.n_kv
+        ctx = self.ctx = Context(f"step {n}x{n_kv}")
+        self.tokens = ctx.new_tensor(GGMLType.I32, [n], name="inp_tokens").set_input()
+        self.positions = ctx.new_tensor(GGMLType.I32, [n], name="inp_pos").set_input()
+        self.cells = ctx.new_tensor(GGMLType.I64, [n], name="inp_kv_cells").set_input()
+        self.mask = ctx.new_tensor(GGMLType.F16, [n_kv, n], name="kq_mask").set_input()
+        self.mask_swa = (ctx.new_tensor(GGMLType.F16, [n_kv, n], name="kq_mask_swa").set_input()
+                         if hp.sliding_window > 0 else None)
+        self.out_ids = (ctx.new_tensor(GGMLType.I32, [shape.n_outputs], name="inp_out_ids")
+                        .set_input() if shape.n_outputs < n else None)
+        self.logits: Tensor = build(self).set_output()
+        self.graph: Graph = build_graph(self.logits)
+
+    def set_inputs(self, tokens: np.ndarray, n_past: int) -> None:
+        """Fill the inputs for ``tokens`` at positions ``n_past``..; call after allocation."""
+        n, n_kv = self.shape.n_tokens, self.shape.n_kv
+        pos = np.arange(n_past, n_past + n, dtype=np.int32)
+        self.tokens.set_data(np.asarray(tokens, dtype=np.int32))
+        self.positions.set_data(pos)
+        self.cells.set_data(pos.astype(np.int64))
+        kv_pos = np.arange(n_kv, dtype=np.int64)[None, :]
+        causal = kv_pos > pos[:, None]                      # masked: later positions
+        self.mask.set_data(np.where(causal, _NEG_INF, np.float16(0)))
+        if self.mask_swa is not None:
+            # llama.cpp's standard window: masked when pos - kv_pos >= n_swa
+            outside = causal | (pos[:, None] - kv_pos >= self.hp.sliding_window)
+            self.mask_swa.set_data(np.where(outside, _NEG_INF, np.float16(0)))
+        if self.out_ids is not None:
+            self.out_ids.set_data(np.arange(n - self.shape.n_outputs, n, dtype=np.int32))
+
+    def mask_for(self, il: int) -> Tensor:
+        """The attention mask of layer ``il``."""
+        return self.mask_swa if self.mask_swa is not None and self.hp.is_swa(il) else self.mask
