@@ -351,9 +351,16 @@ class Backend(Resource):
             self._graph_plan_free(plan)
 
     def _check_graph(self, graph: "Graph") -> None:
-        """Every node and source is allocated, open, and in memory this device computes on."""
+        """Every computing node and its sources are allocated, open, and in memory this device
+        computes on. View ops compute nothing (a scheduler's split may hold views of another
+        device's tensors, as in ggml), so only their allocation is checked."""
         usable: dict[int, bool] = {}
         for node in graph.nodes:
+            if node.op in VIEW_OPS or node.op == Op.NONE:
+                if node.buffer is None:
+                    raise NotAllocatedError(f"{self.name}: view {node.name!r} "
+                                            f"ne={list(node.ne)} is not allocated")
+                continue
             for t in (node, *node.src):
                 if t is None:
                     continue

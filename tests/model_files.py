@@ -62,8 +62,10 @@ _READERS: dict[str, object] = {}
 def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 320, tied: bool = False,
                      n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
+                     head_dim: int | None = None, sliding_window: int = 0,
                      seed: int = 0) -> Path:
-    """A small llama-shaped (or MoE) GGUF with random weights and real metadata keys."""
+    """A small GGUF of architecture ``arch`` (llama, qwen2, qwen3, qwen3moe, gemma3) with
+    random weights and the metadata keys llama.cpp reads."""
     import gguf
     import numpy as np
 
@@ -78,6 +80,14 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
+    head_dim = head_dim or n_embd // n_head
+    if head_dim != n_embd // n_head:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if sliding_window:
+        w.add_sliding_window(sliding_window)
+    if arch in ("qwen3moe",):
+        w.add_expert_feed_forward_length(n_ff)
     if n_expert:
         w.add_expert_count(n_expert)
         w.add_expert_used_count(2)
@@ -91,6 +101,8 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
 
     def matrix(name: str, *shape: int, kind=None) -> None:
         values = rng.standard_normal(shape[::-1]).astype(np.float32) * 0.1
+        if name.endswith("norm.weight"):
+            values += 1.0                  # norms near 1, as trained models have them
         kind = qtype if kind is None else kind
         if kind == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, values)
@@ -98,7 +110,6 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
             w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
 
     f32 = gguf.GGMLQuantizationType.F32
-    head_dim = n_embd // n_head
     matrix("token_embd.weight", n_embd, n_vocab, kind=gguf.GGMLQuantizationType.Q8_0)
     matrix("output_norm.weight", n_embd, kind=f32)
     if not tied:
@@ -106,10 +117,20 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     for il in range(n_layer):
         blk = f"blk.{il}."
         matrix(blk + "attn_norm.weight", n_embd, kind=f32)
-        matrix(blk + "attn_q.weight", n_embd, n_embd)
+        matrix(blk + "attn_q.weight", n_embd, head_dim * n_head)
         matrix(blk + "attn_k.weight", n_embd, head_dim * n_head_kv)
         matrix(blk + "attn_v.weight", n_embd, head_dim * n_head_kv)
-        matrix(blk + "attn_output.weight", n_embd, n_embd)
+        matrix(blk + "attn_output.weight", head_dim * n_head, n_embd)
+        if arch == "qwen2":
+            matrix(blk + "attn_q.bias", head_dim * n_head, kind=f32)
+            matrix(blk + "attn_k.bias", head_dim * n_head_kv, kind=f32)
+            matrix(blk + "attn_v.bias", head_dim * n_head_kv, kind=f32)
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
+            matrix(blk + "attn_q_norm.weight", head_dim, kind=f32)
+            matrix(blk + "attn_k_norm.weight", head_dim, kind=f32)
+        if arch == "gemma3":
+            matrix(blk + "post_attention_norm.weight", n_embd, kind=f32)
+            matrix(blk + "post_ffw_norm.weight", n_embd, kind=f32)
         matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
         if n_expert:
             matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, kind=f32)

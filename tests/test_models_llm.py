@@ -1,0 +1,239 @@
+"""Running models: every architecture against a float64 numpy implementation (tests/
+reference_models.py), the KV cache across its 256-cell boundaries, prompt ubatches, layers
+split over devices, and the two real models against the float64 reference and llama.cpp."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+
+import polydev  # noqa: E402
+from polydev.errors import InvalidArgumentError  # noqa: E402
+from polydev.models import load  # noqa: E402
+
+import reference_models  # noqa: E402
+from model_files import (FIXTURES, GEMMA3, SMOLLM2, gguf_reader, model_path,  # noqa: E402
+                         write_test_model)
+
+OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
+needs_opencl = pytest.mark.skipif(not OPENCL, reason="needs an OpenCL device (PoCL)")
+
+ARCHS = {
+    "llama": dict(arch="llama"),
+    "qwen2": dict(arch="qwen2"),
+    "qwen3": dict(arch="qwen3", head_dim=32),
+    "qwen3moe": dict(arch="qwen3moe", n_expert=4, head_dim=32),
+    "gemma3": dict(arch="gemma3", head_dim=32, sliding_window=4, n_layer=6),
+}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def arch_model(request, tmp_path_factory):
+    kwargs = dict(n_layer=3, weight_type="F16") | ARCHS[request.param]
+    path = write_test_model(tmp_path_factory.mktemp(request.param) / "m.gguf", **kwargs)
+    return request.param, path
+
+
+def tokens_for(n: int, seed: int = 1, n_vocab: int = 320) -> list[int]:
+    return np.random.default_rng(seed).integers(0, n_vocab, n).tolist()
+
+
+def test_every_architecture_matches_float64(arch_model):
+    """All tokens' logits of a prompt against plain float64 numpy (F32 cache: only float32
+    rounding separates them)."""
+    name, path = arch_model
+    ids = tokens_for(12)
+    want = reference_models.forward(gguf_reader(path), ids)
+    with load(path, devices=[], n_ctx=256, type_k="f32", type_v="f32", progress=False) as m:
+        m.eval(ids, all_logits=True)
+        got = m.logits()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max(), err_msg=name)
+
+
+def test_f16_cache_and_decode_steps(arch_model):
+    """The default F16 cache, a prompt then single-token steps: each step's logits equal the
+    float64 logits of the whole sequence at that position."""
+    name, path = arch_model
+    ids = tokens_for(10, seed=2)
+    want = reference_models.forward(gguf_reader(path), ids)
+    with load(path, devices=[], n_ctx=256, progress=False) as m:
+        m.eval(ids[:6])
+        rows = [m.logits()]
+        for t in ids[6:]:
+            m.eval([t])
+            rows.append(m.logits())
+    np.testing.assert_allclose(np.stack(rows), want[5:], atol=1e-2 * np.abs(want).max(),
+                               err_msg=name)
+
+
+def test_decode_across_256_cell_boundaries(tmp_path):
+    """300 decode steps (n_kv grows 256 -> 512) give the logits a fresh evaluation of the
+    whole sequence gives, and a prompt in ubatches of 7 equals one batch."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=2, weight_type="F16")
+    ids = tokens_for(300, seed=3)
+    with load(path, devices=[], n_ctx=512, n_batch=512, progress=False) as m:
+        m.eval(ids, all_logits=True)
+        whole = m.logits()
+        m.reset()
+        m.eval(ids[:1])
+        steps = [m.logits()]
+        for t in ids[1:]:
+            m.eval([t])
+            steps.append(m.logits())
+        assert m.timings.graphs_built <= 4      # a prompt, then one decode graph per 256 cells
+    np.testing.assert_allclose(np.stack(steps), whole, atol=1e-4 * np.abs(whole).max())
+    with load(path, devices=[], n_ctx=512, n_batch=7, progress=False) as m:
+        m.eval(ids[:50], all_logits=True)
+        np.testing.assert_allclose(m.logits(), whole[:50], atol=1e-4 * np.abs(whole).max())
+
+
+def test_context_limits_and_bad_tokens(tmp_path):
+    path = write_test_model(tmp_path / "m.gguf", n_layer=1)
+    with load(path, devices=[], n_ctx=256, progress=False) as m:
+        with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+            m.eval([1, 320])
+        with pytest.raises(InvalidArgumentError, match="do not fit"):
+            m.eval(tokens_for(257))
+        with pytest.raises(InvalidArgumentError, match="no logits"):
+            m.logits()
+        m.eval([1, 2, 3])
+        assert m.tokens == [1, 2, 3]
+
+
+# --- layers over several devices -------------------------------------------------------------
+
+@needs_opencl
+@pytest.mark.parametrize("knobs", [
+    dict(n_gpu_layers=2),                                      # the last layer and the output
+    dict(n_gpu_layers=-1, tensor_split=[1, 1]),                # over two OpenCL devices
+    dict(n_gpu_layers=-1, override_tensor=["ffn_(up|down)=CPU"]),
+], ids=["ngl", "tensor_split", "override"])
+def test_layers_over_devices_give_the_cpu_ids(tmp_path, knobs):
+    path = write_test_model(tmp_path / "m.gguf", n_layer=3)
+    ids = tokens_for(16, seed=4)
+    devices = OPENCL[:2] if "tensor_split" in knobs and len(OPENCL) > 1 else OPENCL[:1]
+    if "tensor_split" in knobs and len(devices) < 2:
+        knobs = {k: v for k, v in knobs.items() if k != "tensor_split"}
+    with load(path, devices=[], progress=False) as cpu_model:
+        want = list(cpu_model.generate(ids, 12, temperature=0))
+        cpu_model.eval(ids, all_logits=True)
+        want_logits = cpu_model.logits()
+    with load(path, devices=devices, progress=False, **knobs) as m:
+        assert {d.name for d in m.placement.layer_devices} > {"CPU"} or knobs.get("n_gpu_layers")
+        assert len(m.evaluator.backends) >= 2
+        got = list(m.generate(ids, 12, temperature=0))
+        m.eval(ids, all_logits=True)
+        np.testing.assert_allclose(m.logits(), want_logits, atol=1e-3 * np.abs(want_logits).max())
+    assert got == want
+
+
+@needs_opencl
+def test_experts_on_the_cpu_with_cpu_moe(tmp_path):
+    path = write_test_model(tmp_path / "moe.gguf", arch="qwen3moe", n_expert=4, head_dim=32,
+                            n_layer=2)
+    ids = tokens_for(10, seed=5)
+    with load(path, devices=[], progress=False) as cpu_model:
+        cpu_model.eval(ids, all_logits=True)
+        want = cpu_model.logits()
+    with load(path, devices=OPENCL[:1], cpu_moe=True, progress=False) as m:
+        experts = [t for n, t in m.placement.tensors.items() if "_exps" in n]
+        assert experts and all(t.device.name == "CPU" for t in experts)
+        m.eval(ids, all_logits=True)
+        np.testing.assert_allclose(m.logits(), want, atol=1e-3 * np.abs(want).max())
+
+
+# --- the real models --------------------------------------------------------------------------
+
+def fixture(name: str) -> dict:
+    if not FIXTURES.is_file():
+        pytest.skip(f"{FIXTURES} is not there")
+    return json.loads(FIXTURES.read_text())["models"][name]["generate"][0]
+
+
+_REAL: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def real_models():
+    yield _REAL
+    for m in _REAL.values():
+        m.close()
+    _REAL.clear()
+
+
+def real(name: str, cache: dict):
+    if name not in cache:
+        cache[name] = load(model_path(name), devices=[], n_ctx=512, progress=False)
+    model = cache[name]
+    model.reset()
+    return model
+
+
+@pytest.mark.parametrize("name", [SMOLLM2, GEMMA3])
+def test_real_model_matches_float64(real_models, name):
+    """The prompt's next-token logits equal a float64 evaluation of the same weights."""
+    g = fixture(name)
+    m = real(name, real_models)
+    m.eval(g["prompt_ids"])
+    got = m.logits()
+    want = reference_models.forward(gguf_reader(model_path(name)), g["prompt_ids"])[-1]
+    assert int(np.argmax(got)) == int(np.argmax(want))
+    np.testing.assert_allclose(got, want, atol=0.05)
+
+
+@pytest.mark.parametrize("name", [SMOLLM2, GEMMA3])
+def test_real_model_against_llama_cpp(real_models, name):
+    """llama.cpp's recorded top-10 and logits, within the distance between llama.cpp's own
+    CPU arithmetic and exact arithmetic (measured: up to 0.3 on these top logits): the same
+    top-5 set, each top-10 logit within 0.35, and the greedy text the same up to the first
+    step whose two best tokens llama.cpp itself separates by less than that (where the two
+    arithmetics may choose differently)."""
+    g = fixture(name)
+    m = real(name, real_models)
+    m.eval(g["prompt_ids"])
+    logits = m.logits()
+    ours = np.argsort(-logits)[:10].tolist()
+    assert set(ours[:5]) <= set(g["top10_ids"])
+    assert np.abs(logits[g["top10_ids"]] - np.array(g["top10_logits"])).max() < 0.35
+    text = "".join(m.generate(g["prompt_ids"], len(g["greedy_ids"]), temperature=0))
+    ours = m.tokens[len(g["prompt_ids"]):]
+    theirs = g["greedy_ids"]
+    diverge = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if diverge is None:
+        assert len(ours) == len(theirs) and text == g["greedy_text"]
+        return
+    margins = _llama_cpp_margins(name, g)
+    if margins is None:
+        pytest.skip(f"greedy ids differ at step {diverge}; llama-cpp-python is needed to tell "
+                    "whether llama.cpp itself chose there by less than its rounding noise")
+    assert margins[diverge] < NOISE, (
+        f"step {diverge}: we chose {ours[diverge]}, llama.cpp {theirs[diverge]} with a margin "
+        f"of {margins[diverge]:.3f}")
+
+
+NOISE = 0.35     # measured distance of llama.cpp's CPU logits from exact arithmetic
+
+
+def _llama_cpp_margins(name: str, g: dict) -> np.ndarray | None:
+    """llama.cpp's margin between its two best tokens at each step of its greedy path (its
+    own logits), or None without llama-cpp-python."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(str(model_path(name)), n_ctx=512, n_threads=2, logits_all=True,
+                          verbose=False)
+    try:
+        ids = g["prompt_ids"] + g["greedy_ids"]
+        llm.eval(ids)
+        scores = np.asarray(llm.scores[len(g["prompt_ids"]) - 1:len(ids) - 1])
+    finally:
+        llm.close()
+    top2 = np.sort(scores, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
