@@ -16,6 +16,6 @@ from .tokenizer import Tokenizer, Vocab
 
 __all__ = [
     "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray", "HParams",
-    "ModelWeights", "load_weights", "Model", "load", "Sampler", "SamplingParams", "DeviceUsage", "Placement", "TensorPlacement",
-    "parse_size", "plan_placement", "Tokenizer", "Vocab",
+    "ModelWeights", "load_weights", "Model", "load", "Sampler", "SamplingParams", "DeviceUsage",
+    "Placement", "TensorPlacement", "parse_size", "plan_placement", "Tokenizer", "Vocab",
 ]

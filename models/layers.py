@@ -15,7 +15,7 @@ from polydev import Tensor, ops
 from .loader import ModelWeights
 from .step import StepGraph
 
-__all__ = ["Weights", "norm", "attention", "feed_forward", "moe", "output_head", "embed",
+__all__ = ["Weights", "named", "norm", "attention", "feed_forward", "moe", "output_head", "embed",
            "select_outputs"]
 
 
@@ -35,6 +35,13 @@ class Weights:
         return self._weights.get(f"blk.{il}.{name}.{suffix}")
 
 
+def named(t: Tensor, name: str, il: int | None = None) -> Tensor:
+    """Name a node as llama.cpp's graph callback does ("attn_out-3"): traces, debug output
+    and ``polydev compare --model`` print these names."""
+    t.name = name if il is None else f"{name}-{il}"
+    return t
+
+
 def norm(s: StepGraph, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMS norm of each row, times ``weight`` (llama.cpp's LLM_NORM_RMS)."""
     y = ops.rms_norm(s.ctx, x, eps)
@@ -44,7 +51,7 @@ def norm(s: StepGraph, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 def embed(s: StepGraph, token_embd: Tensor, scale: float = 1.0) -> Tensor:
     """The rows of the token embedding for the step's tokens, [n_embd, n_tokens]."""
     x = ops.get_rows(s.ctx, token_embd, s.tokens)
-    return ops.scale(s.ctx, x, scale) if scale != 1.0 else x
+    return named(ops.scale(s.ctx, x, scale) if scale != 1.0 else x, "inp_embd")
 
 
 def select_outputs(s: StepGraph, *xs: Tensor) -> tuple[Tensor, ...]:
@@ -78,15 +85,16 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
         k = norm(s, k, w.layer(il, "attn_k_norm"), hp.rms_eps)
     rope = dict(n_dims=hp.head_dim_rot, mode=rope_mode, n_ctx_orig=hp.n_ctx_orig,
                 freq_base=freq_base, freq_scale=hp.rope_freq_scale)
-    q = ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope)
-    k = ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope)
+    q = named(ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope), "Qcur", il)
+    k = named(ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope), "Kcur", il)
     scale = 1.0 / math.sqrt(head_k) if q_scale is None else q_scale
     k_all, v_all = s.kv.store_and_view(ctx, il, k, v, s.cells, s.shape.n_kv)
     q = ctx.permute(q, 0, 2, 1, 3)                           # [head_k, n_tokens, n_head]
     out = ops.flash_attn_ext(ctx, q, k_all, v_all, s.mask_for(il), scale, 0.0,
                              hp.attn_logit_softcap)          # [head_v, n_head, n_tokens]
+    named(out, "kqv_out", il)
     out = ctx.reshape(out, head_v * n_head, n_tokens)
-    return _project(s, w, il, "attn_output", out)
+    return named(_project(s, w, il, "attn_output", out), "attn_out", il)
 
 
 def feed_forward(s: StepGraph, w: Weights, il: int, x: Tensor, act: str = "silu") -> Tensor:
@@ -95,7 +103,7 @@ def feed_forward(s: StepGraph, w: Weights, il: int, x: Tensor, act: str = "silu"
     gate = _project(s, w, il, "ffn_gate", x)
     up = _project(s, w, il, "ffn_up", x)
     h = ops.swiglu(ctx, gate, up) if act == "silu" else ops.geglu(ctx, gate, up)
-    return _project(s, w, il, "ffn_down", h)
+    return named(_project(s, w, il, "ffn_down", named(h, "ffn_act", il)), "ffn_out", il)
 
 
 def moe(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
@@ -123,13 +131,13 @@ def moe(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
     for i in range(1, n_used):
         out = ops.add(ctx, out, ctx.view_2d(experts, experts.ne[0], n_tokens, experts.nb[2],
                                             i * experts.nb[1]))
-    return out
+    return named(out, "ffn_moe_out", il)
 
 
 def output_head(s: StepGraph, w: Weights, x: Tensor, softcap: float = 0.0) -> Tensor:
     """Final norm and the output matrix; optional final logit softcapping (gemma)."""
-    x = norm(s, x, w["output_norm"], s.hp.rms_eps)
-    logits = ops.mul_mat(s.ctx, w["output"], x)
+    x = named(norm(s, x, w["output_norm"], s.hp.rms_eps), "result_norm")
+    logits = named(ops.mul_mat(s.ctx, w["output"], x), "result_output")
     if softcap > 0:
         logits = ops.scale(s.ctx, ops.tanh(s.ctx, ops.scale(s.ctx, logits, 1.0 / softcap)),
                            softcap)

@@ -131,3 +131,27 @@ def test_run_mistakes_are_one_line(capsys, small_model, argv, message):
     assert main(["run", "-m", small_model, "--no-progress", *argv]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+# --- polydev compare --model --------------------------------------------------------------------
+
+OPENCL_NAMES = [d.name for d in __import__("polydev").devices()
+                if d.reg is not None and d.reg.name == "OpenCL"]
+
+
+@pytest.mark.skipif(not OPENCL_NAMES, reason="needs an OpenCL device (PoCL)")
+def test_compare_model_on_opencl(capsys, small_model, monkeypatch):
+    assert main(["compare", "--model", small_model, "-b", OPENCL_NAMES[0], "--prompt",
+                 "w1 w2 w3"]) == 0
+    assert "agree on all" in capsys.readouterr().out
+    from polydev.tools.compare import model as compare_model
+    monkeypatch.setattr(compare_model, "OTHER_NMSE", -1.0)   # every node now "differs"
+    monkeypatch.setattr(compare_model, "PRODUCT_NMSE", -1.0)
+    assert main(["compare", "--model", small_model, "-b", OPENCL_NAMES[0]]) == 1
+    out = capsys.readouterr().out
+    assert "NMSE" in out and "CPU value" in out and OPENCL_NAMES[0] in out
+
+
+def test_compare_model_needs_a_device(capsys, small_model):
+    assert main(["compare", "--model", small_model]) == 1
+    assert "-b" in capsys.readouterr().err

@@ -126,8 +126,9 @@ def _converse(model, first: str | None, args: argparse.Namespace) -> None:
 def _print_placement(model) -> None:
     plan = model.placement
     print(format_table(["device", "layers", "weights", "KV cache"],
-                       [(u.device.name, layer_ranges(u.layers, plan.hparams.n_layer), mib(u.weights),
-                         mib(u.kv_cache)) for u in plan.usage.values()]), file=sys.stderr)
+                       [(u.device.name, layer_ranges(u.layers, plan.hparams.n_layer),
+                         mib(u.weights), mib(u.kv_cache)) for u in plan.usage.values()]),
+          file=sys.stderr)
 
 
 def _print_summary(model) -> None:

@@ -10,7 +10,8 @@ import math
 
 from polydev import RopeMode, Tensor, ops
 
-from ..layers import Weights, attention, embed, feed_forward, norm, output_head, select_outputs
+from ..layers import (Weights, attention, named, embed, feed_forward, norm, output_head,
+                       select_outputs)
 from ..step import StepGraph
 
 
@@ -29,5 +30,5 @@ def build(s: StepGraph, w: Weights) -> Tensor:
         h = norm(s, x, w.layer(il, "ffn_norm"), hp.rms_eps)
         h = feed_forward(s, w, il, h, "gelu")
         h = norm(s, h, w.layer(il, "post_ffw_norm"), hp.rms_eps)
-        x = ops.add(s.ctx, h, x)
+        x = named(ops.add(s.ctx, h, x), "l_out", il)
     return output_head(s, w, x, hp.final_logit_softcap)

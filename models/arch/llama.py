@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from polydev import RopeMode, Tensor, ops
 
-from ..layers import Weights, attention, embed, feed_forward, norm, output_head, select_outputs
+from ..layers import (Weights, attention, named, embed, feed_forward, norm, output_head,
+                       select_outputs)
 from ..step import StepGraph
 
 
@@ -21,5 +22,5 @@ def build(s: StepGraph, w: Weights) -> Tensor:
             h, x = select_outputs(s, h, x)
         x = ops.add(s.ctx, h, x)
         h = norm(s, x, w.layer(il, "ffn_norm"), hp.rms_eps)
-        x = ops.add(s.ctx, feed_forward(s, w, il, h, "silu"), x)
+        x = named(ops.add(s.ctx, feed_forward(s, w, il, h, "silu"), x), "l_out", il)
     return output_head(s, w, x)

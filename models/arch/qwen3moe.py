@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from polydev import RopeMode, Tensor, ops
 
-from ..layers import Weights, attention, embed, moe, norm, output_head, select_outputs
+from ..layers import Weights, attention, named, embed, moe, norm, output_head, select_outputs
 from ..step import StepGraph
 
 
@@ -20,5 +20,5 @@ def build(s: StepGraph, w: Weights) -> Tensor:
             h, x = select_outputs(s, h, x)
         x = ops.add(s.ctx, h, x)
         h = norm(s, x, w.layer(il, "ffn_norm"), hp.rms_eps)
-        x = ops.add(s.ctx, moe(s, w, il, h), x)
+        x = named(ops.add(s.ctx, moe(s, w, il, h), x), "l_out", il)
     return output_head(s, w, x)

@@ -57,6 +57,12 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                    help="parallel jobs in test mode, each with its own backends (default 1)")
     p.add_argument("--seed", type=_count(0), default=0,
                    help="seed of the random inputs, 0 or more (default 0)")
+    p.add_argument("--model", metavar="GGUF",
+                   help="instead of the op cases: compute this model's graph for --prompt on "
+                        "each -b device and on the CPU, node by node, and print the first node "
+                        "that differs beyond its threshold")
+    p.add_argument("--prompt", default="The capital of France is",
+                   help="the prompt of --model (default: 'The capital of France is')")
     p.set_defaults(run=run)
 
 
@@ -78,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list_ops:
         print("\n".join(all_op_names()))
         return 0
+    if args.model is not None:
+        return _compare_model(args)
     devices = polydev.devices()
     if args.show_coverage:
         print(coverage_report(eval_cases(), devices))
@@ -105,6 +113,15 @@ def run(args: argparse.Namespace) -> int:
         failures += failed
     printer.finish(devices_ok, len(devices), failures, args.mode)
     return 0 if devices_ok == len(devices) else 1
+
+
+def _compare_model(args: argparse.Namespace) -> int:
+    from .model import compare_model
+
+    if not args.devices:
+        raise InvalidArgumentError("compare --model needs the devices to check: -b OpenCL0")
+    names = [d.strip() for d in args.devices.split(",") if d.strip()]
+    return max(compare_model(args.model, name, args.prompt) for name in names)
 
 
 def _selected_cases(args: argparse.Namespace) -> list[Case]:
