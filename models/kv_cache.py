@@ -36,6 +36,12 @@ class KVCache(Resource):
                                            f"{', '.join(str(k) for k in KV_TYPES)}, got {t}")
         if n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be positive, got {n_ctx}")
+        for name, t, head in (("type_k", self.type_k, hp.n_embd_head_k),
+                              ("type_v", self.type_v, hp.n_embd_head_v)):
+            if head % t.traits.block_size:
+                raise InvalidArgumentError(f"{name} {t} needs heads of a multiple of "
+                                           f"{t.traits.block_size} values; this model's are "
+                                           f"{head}")
         self.hp = hp
         self.size = -(-n_ctx // KV_PAD) * KV_PAD
         self.k: list[Tensor] = []

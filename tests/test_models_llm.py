@@ -93,6 +93,22 @@ def test_decode_across_256_cell_boundaries(tmp_path):
         np.testing.assert_allclose(m.logits(), whole[:50], atol=1e-4 * np.abs(whole).max())
 
 
+def test_q8_0_and_f32_caches(tmp_path):
+    """type_k/type_v on request: a Q8_0 cache stays close to float64; heads that are not whole
+    Q8_0 blocks are refused by name."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=2, head_dim=32, weight_type="F16")
+    ids = tokens_for(20, seed=6)
+    want = reference_models.forward(gguf_reader(path), ids)
+    with load(path, devices=[], n_ctx=256, type_k="q8_0", type_v="q8_0", progress=False) as m:
+        m.eval(ids, all_logits=True)
+        np.testing.assert_allclose(m.logits(), want, atol=3e-2 * np.abs(want).max())
+    small_heads = write_test_model(tmp_path / "s.gguf", n_layer=1)          # 16-value heads
+    with pytest.raises(InvalidArgumentError, match="multiple of 32"):
+        load(small_heads, devices=[], type_k="q8_0", progress=False)
+    with pytest.raises(InvalidArgumentError, match="type_v must be one of"):
+        load(small_heads, devices=[], type_v="q4_0", progress=False)
+
+
 def test_context_limits_and_bad_tokens(tmp_path):
     path = write_test_model(tmp_path / "m.gguf", n_layer=1)
     with load(path, devices=[], n_ctx=256, progress=False) as m:
