@@ -16,7 +16,7 @@ from .loader import ModelWeights
 from .step import StepGraph
 
 __all__ = ["Weights", "named", "norm", "attention", "feed_forward", "moe", "output_head", "embed",
-           "select_outputs"]
+           "select_outputs", "pre_norm_decoder"]
 
 
 class Weights:
@@ -143,3 +143,23 @@ def output_head(s: StepGraph, w: Weights, x: Tensor, softcap: float = 0.0) -> Te
                            softcap)
     return logits
 
+
+
+def pre_norm_decoder(s: StepGraph, w: Weights, *, rope_mode: int, qk_norm: bool = False,
+                     rope_freqs: Tensor | None = None, use_moe: bool = False) -> Tensor:
+    """The llama-family stack (llama, qwen2, qwen3, qwen3moe): per layer, x += attention(
+    norm(x)) and x += ffn(norm(x)), the ffn a SwiGLU or a mixture of experts; then the head.
+    Biases come with the weights (qwen2's q/k/v) and need no flag."""
+    hp = s.hp
+    x = embed(s, w["token_embd"])
+    for il in range(hp.n_layer):
+        h = norm(s, x, w.layer(il, "attn_norm"), hp.rms_eps)
+        h = attention(s, w, il, h, rope_mode=rope_mode, freq_base=hp.rope_freq_base,
+                      qk_norm=qk_norm, rope_freqs=rope_freqs)
+        if il == hp.n_layer - 1:
+            h, x = select_outputs(s, h, x)
+        x = ops.add(s.ctx, h, x)
+        h = norm(s, x, w.layer(il, "ffn_norm"), hp.rms_eps)
+        h = moe(s, w, il, h) if use_moe else feed_forward(s, w, il, h, "silu")
+        x = named(ops.add(s.ctx, h, x), "l_out", il)
+    return output_head(s, w, x)
