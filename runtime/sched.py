@@ -102,6 +102,7 @@ class Scheduler(Resource):
         self._signature: tuple | None = None
         self._last_graph: Graph | None = None      # the graph the signature belongs to
         self._allocated_graph: Graph | None = None
+        self._allocated_size = (0, 0)
         self._plans = SplitPlans(keep=self.n_copies)
         self._step_plans: list = []       # each split's plan for the allocated graph
         self.cur_copy = 0
@@ -151,6 +152,7 @@ class Scheduler(Resource):
         """Pin ``t`` to ``backend``: every later placement keeps it (until ``reset``)."""
         self._user.set(t, self.backend_id(backend), "usr")
         self._signature = None
+        self._allocated_graph = None            # the next alloc_graph places again
 
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
         """The backend ``t`` was placed on (or pinned to), or None."""
@@ -187,8 +189,15 @@ class Scheduler(Resource):
         self.galloc.reserve(sched_graph, node_ids, leaf_ids)
 
     def alloc_graph(self, graph: Graph) -> None:
-        """Place and allocate ``graph``: every node gets memory on its backend."""
+        """Place and allocate ``graph``: every node gets memory on its backend.
+
+        Allocating again the graph that is allocated (the same object, no node or leaf added
+        since) keeps everything as it is: a decode loop that computes one graph with new
+        inputs pays nothing here, as ggml's graph reuse does."""
         self._check_open()
+        if (self.n_copies == 1 and graph is self._allocated_graph
+                and (graph.n_nodes, graph.n_leafs) == self._allocated_size):
+            return
         self.cur_copy = self._next_copy
         self._next_copy = (self._next_copy + 1) % self.n_copies
         step = self._plan(graph)
@@ -203,6 +212,7 @@ class Scheduler(Resource):
             node.buffer, node.offset = twin.buffer, twin.offset
         self._step = step
         self._allocated_graph = graph
+        self._allocated_size = (graph.n_nodes, graph.n_leafs)
         self._step_plans = [None] * len(step.splits)   # found (or made) on first compute
         if self.debug:
             self._print_splits(graph, step)

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import polydev
-from polydev import BufferUsage, Context, GGMLType, alloc_ctx_tensors, build_graph, ops
+from polydev import (BufferUsage, Context, GGMLType, GraphAllocator, alloc_ctx_tensors,
+                     build_graph, ops)
 from polydev.errors import ClosedError, ConfigError, InvalidArgumentError, UnsupportedError
 from polydev.sched import Scheduler
 from polydev import sched_split
@@ -177,6 +178,37 @@ def test_a_new_graph_of_the_same_structure_keeps_the_bound_plans(rng, monkeypatc
     assert first > 0 and len(binds) == first
     for b in backends:
         b.close()
+
+
+def test_the_same_graph_again_is_neither_placed_nor_allocated_again(rng, monkeypatch):
+    """A decode loop computing one Graph object with new inputs: after the first step,
+    alloc_graph keeps the placement and the memory; a node added to the graph, or a tensor
+    pinned to a backend, makes it place the graph again."""
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    planned, allocated = [], []
+    real_pass1, real_alloc = sched_split.SplitPlanner.pass1, GraphAllocator.alloc_graph
+    monkeypatch.setattr(sched_split.SplitPlanner, "pass1",
+                        lambda self, g: planned.append(1) or real_pass1(self, g))
+    monkeypatch.setattr(GraphAllocator, "alloc_graph",
+                        lambda self, g: allocated.append(1) or real_alloc(self, g))
+    with polydev.init_backend("CPU") as cpu, Scheduler([cpu]) as sched:
+        buf, t = _weights(cpu, {"w0": w0v, "w1": w1v})
+        with buf:
+            x, y, graph = _mlp(t["w0"], t["w1"])
+            for _ in range(3):
+                sched.alloc_graph(graph)
+                xv = rng.standard_normal((3, K)).astype(np.float32)
+                x.set_data(xv)
+                sched.compute(graph)
+                np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v),
+                                           rtol=1e-4, atol=1e-5)
+            assert (len(planned), len(allocated)) == (1, 1)
+            graph.build_forward_expand(ops.neg(Context(), y))
+            sched.alloc_graph(graph)
+            assert (len(planned), len(allocated)) == (2, 2)
+            sched.set_tensor_backend(y, cpu)
+            sched.alloc_graph(graph)
+            assert (len(planned), len(allocated)) == (3, 3)
 
 
 def test_a_changed_graph_is_bound_again(rng):
