@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 from polydev.tools.table import format_table
 
@@ -30,3 +32,10 @@ def print_figures(bench: str, machine: str, figures: list[dict], as_json: bool) 
                        [(f["name"], f["value"], f["unit"],
                          "" if f["target"] is None else f["target"], f.get("detail", ""))
                         for f in figures]))
+
+
+def leave_bench_dir() -> None:
+    """Take bench/ off the import path once a script has imported its siblings: the script
+    bench/gguf.py is named like the gguf package, and polydev.models imports that package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]

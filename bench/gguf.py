@@ -22,13 +22,10 @@ from pathlib import Path
 
 import polydev
 
-from figures import parse_args, print_figures  # bench/figures.py
-from opencl_ops import pinned_copy_gibs       # bench/opencl_ops.py
+from figures import leave_bench_dir, parse_args, print_figures  # bench/figures.py
+from opencl_ops import pinned_copy_gibs                         # bench/opencl_ops.py
 
-# This script is named like the gguf package it measures against: once its siblings are
-# imported, its own directory leaves the path so that `import gguf` finds the package.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+leave_bench_dir()        # this script is named like the gguf package it measures against
 
 
 def _models() -> dict[str, Path]:
