@@ -110,6 +110,14 @@ class Evaluator(Resource):
         self.n_past = 0
         self.kv.clear()
 
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` cached tokens. The cells after them need no clearing: the
+        next tokens overwrite them before any step can attend to them (the mask hides every
+        cell past a token's own position)."""
+        if not 0 <= n <= self.n_past:
+            raise InvalidArgumentError(f"cannot keep {n} of {self.n_past} cached tokens")
+        self.n_past = n
+
     def graph(self, n_tokens: int, n_outputs: int = 1) -> StepGraph:
         """The graph for a step of ``n_tokens`` at the current position (built if new)."""
         shape = StepShape(n_tokens, self.kv.n_kv(self.n_past + n_tokens), n_outputs)

@@ -72,7 +72,8 @@ class Model(Resource):
             raise
         self.load_seconds = time.perf_counter() - start
         self._logits: np.ndarray | None = None
-        self.tokens: list[int] = []
+        self.tokens: list[int] = []          # the context: every token evaluated, in order
+        self.generated: list[int] = []       # the tokens the last generate produced
 
     # --- text ------------------------------------------------------------------------------
 
@@ -124,7 +125,8 @@ class Model(Resource):
                  keep_context: bool = False) -> Iterator[str]:
         """Text pieces of the continuation of ``prompt`` (text, or token ids), streamed as they
         are generated; stops at an end-of-generation token or after ``max_tokens``.
-        ``temperature=0`` is greedy. The context starts empty unless ``keep_context``."""
+        ``temperature=0`` is greedy. The context starts over from the prompt (reusing the cached
+        tokens it begins with), or continues after them with ``keep_context``."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 seed=seed)
@@ -139,26 +141,41 @@ class Model(Resource):
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
                   keep_context: bool) -> Iterator[str]:
         if not keep_context:
-            self.reset()
+            ids = self._reuse_prefix(ids)
         sampler = Sampler(params, self.n_ctx)
         for t in self.tokens + ids:
             sampler.accept(t)
         stream = Utf8Stream()
+        self.generated = []
         self.eval(ids)
-        for _ in range(max_tokens):
+        for step in range(max_tokens):
             token = sampler.sample(self._logits)
             if self.tokenizer.is_eog(token):
                 break
             sampler.accept(token)
+            self.generated.append(token)
             text = stream.feed(self.tokenizer.token_to_piece(token))
             if text:
                 yield text
-            if len(self.tokens) >= self.n_ctx:
-                break
+            if step + 1 == max_tokens or len(self.tokens) >= self.n_ctx:
+                break                  # the last token needs no logits: it is not evaluated
             self.eval([token])
         tail = stream.flush()
         if tail:
             yield tail
+
+    def _reuse_prefix(self, ids: list[int]) -> list[int]:
+        """Start the context over from ``ids``, keeping the cached tokens they begin with (a
+        conversation re-sends its history every turn); returns the tokens still to evaluate
+        (at least one, for its logits)."""
+        keep = 0
+        for cached, new in zip(self.tokens, ids[:-1]):
+            if cached != new:
+                break
+            keep += 1
+        self.evaluator.truncate(keep)
+        self.tokens, self._logits = self.tokens[:keep], None
+        return ids[keep:]
 
     def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256,
              **sampling: Any) -> Iterator[str]:

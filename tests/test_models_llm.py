@@ -109,6 +109,26 @@ def test_q8_0_and_f32_caches(tmp_path):
         load(small_heads, devices=[], type_v="q4_0", progress=False)
 
 
+def test_generate_reuses_the_cached_prefix(tmp_path):
+    """A second prompt that begins with the first one's context evaluates only what is new,
+    and generates what a fresh model generates for it."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=2)
+    first, second = tokens_for(12, seed=7), tokens_for(12, seed=7) + tokens_for(5, seed=8)
+    with load(path, devices=[], n_ctx=256, progress=False) as fresh:
+        want = list(fresh.generate(second, 6, temperature=0))
+        want_ids = fresh.generated
+    with load(path, devices=[], n_ctx=256, progress=False) as m:
+        list(m.generate(first, 3, temperature=0))
+        t = m.timings
+        before = t.prompt_tokens + t.eval_tokens
+        assert list(m.generate(second, 6, temperature=0)) == want
+        assert m.generated == want_ids and len(want_ids) == 6
+        evaluated = t.prompt_tokens + t.eval_tokens - before
+        assert evaluated == len(second) - 12 + 5       # the 5 new prompt tokens, 5 decode steps
+        list(m.generate(tokens_for(4, seed=9), 2, temperature=0))   # nothing shared: starts over
+        assert m.tokens[:4] == tokens_for(4, seed=9)
+
+
 def test_context_limits_and_bad_tokens(tmp_path):
     path = write_test_model(tmp_path / "m.gguf", n_layer=1)
     with load(path, devices=[], n_ctx=256, progress=False) as m:
@@ -218,7 +238,7 @@ def test_real_model_against_llama_cpp(real_models, name):
     assert set(ours[:5]) <= set(g["top10_ids"])
     assert np.abs(logits[g["top10_ids"]] - np.array(g["top10_logits"])).max() < 0.35
     text = "".join(m.generate(g["prompt_ids"], len(g["greedy_ids"]), temperature=0))
-    ours = m.tokens[len(g["prompt_ids"]):]
+    ours = m.generated
     theirs = g["greedy_ids"]
     diverge = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
     if diverge is None:
