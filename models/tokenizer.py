@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ __all__ = ["Tokenizer", "Vocab"]
 log = logging.getLogger(__name__)
 
 # Bump when the built tokenizer changes for the same file, so stale cache entries are ignored.
-_BUILD_VERSION = 2
+_BUILD_VERSION = 4
 _SPACE = "\u2581"        # SentencePiece's escaped space
 _MISSING = "\u0000polydev:missing\u0000"   # byte-level BPE: a character not in the vocabulary
 
@@ -111,8 +112,10 @@ class Vocab:
         for i in np.nonzero([not t for t in tokens])[0]:
             tokens[i] = f"[EMPTY_{i}]"          # llama.cpp's name for an empty token
         eog_texts = [i for i, t in enumerate(tokens) if t in _EOG_TEXTS]
-        types[eog_texts] = np.where(types[eog_texts] == TokenType.NORMAL, TokenType.CONTROL,
-                                    types[eog_texts])
+        # llama.cpp adds the control attribute to these; a user-defined one then acts as
+        # control (split out only with parse_special, printed only with special)
+        forced = np.isin(types[eog_texts], [TokenType.NORMAL, TokenType.USER_DEFINED])
+        types[eog_texts] = np.where(forced, TokenType.CONTROL, types[eog_texts])
         if model == "llama":
             pre, merges = None, []
             defaults = dict(bos=1, eos=2, unknown=0, add_bos=True, space_prefix=True,
@@ -154,6 +157,7 @@ class Tokenizer:
     def __init__(self, vocab: Vocab, backend) -> None:
         self.vocab = vocab
         self._hf = backend
+        self._rstrip = _rstrip_patterns(vocab)
         self._pieces: list[bytes] | None = None
         self._special_pieces: list[bytes] | None = None
 
@@ -213,6 +217,8 @@ class Tokenizer:
         out: list[int] = []
         if add_special and self.vocab.add_bos:
             out.append(self._required("bos"))
+        if text and self._rstrip is not None:
+            text = self._rstrip[parse_special].sub(r"\1", text)
         if text:
             self._hf.encode_special_tokens = not parse_special
             ids = self._hf.encode(text, add_special_tokens=False).ids
@@ -322,6 +328,33 @@ def _find(tokens: Sequence[str], text: str) -> int | None:
         return None
 
 
+_NOT_RSTRIPPED = ("<unk>", "<s>", "<|endoftext|>")     # llama.cpp's phi-3 exceptions
+
+
+def _rstrip_patterns(vocab: Vocab) -> dict[bool, re.Pattern] | None:
+    """phi-3's special tokens swallow the ASCII whitespace after them (llama.cpp's RSTRIP,
+    with C's isspace; Hugging Face's rstrip would take Unicode whitespace too, so it is done
+    here): by ``parse_special``, a regex matching such a token and that whitespace. Control
+    tokens are split out only when special tokens are parsed; user-defined ones always."""
+    if not vocab.rstrip_specials:
+        return None
+    types = vocab.types
+    by_kind: dict[bool, list[str]] = {True: [], False: []}
+    for i in np.nonzero(np.isin(types, [*_SPECIAL_TYPES, TokenType.USER_DEFINED]))[0]:
+        text = vocab.tokens[i]
+        if text in _NOT_RSTRIPPED:
+            continue
+        by_kind[True].append(text)
+        if types[i] == TokenType.USER_DEFINED:
+            by_kind[False].append(text)
+    out = {}
+    for parse_special, texts in by_kind.items():
+        alternatives = "|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True))
+        out[parse_special] = re.compile(f"({alternatives})[ \t\n\v\f\r]+" if texts
+                                        else r"()(?!)")
+    return out
+
+
 def _is_phi3(f: GGUFFile) -> bool:
     name = str(f.get("general.name", "")).lower()
     return "phi-3" in name or "phi3" in name
@@ -399,7 +432,7 @@ def _added_tokens(vocab: Vocab) -> list:
     for i in np.nonzero(np.isin(vocab.types, [*_SPECIAL_TYPES, TokenType.USER_DEFINED]))[0]:
         special = vocab.types[i] in _SPECIAL_TYPES
         added.append(AddedToken(vocab.tokens[i], special=bool(special), normalized=False,
-                                rstrip=bool(special and vocab.rstrip_specials)))
+                                rstrip=False))
     return added
 
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("gguf")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import example, given, settings, strategies as st  # noqa: E402
 
 from polydev.errors import TokenizerError  # noqa: E402
 from polydev.models import tokenizer as tokenizer_module  # noqa: E402
@@ -119,6 +119,9 @@ PIECES = list("aZ0 9\n\t.,!?'\"-()<>|/\\é中😀") + [
     "<end_of_turn>", "<unk>", "<pad>", "Hello", " world", "1234567"]
 
 
+# The random-text tests are derandomized: the same examples every run, so a CI run cannot
+# fail on a corner case an earlier run never met. Longer fuzzing with fresh seeds is done
+# outside the suite, and what it finds becomes an @example here.
 # Text from every script and category (no lone surrogates: they are not UTF-8), mixed with
 # the pieces tokenizers trip on: runs of spaces and newlines, contractions, special tokens.
 TEXT = st.lists(st.one_of(st.sampled_from(PIECES),
@@ -171,15 +174,17 @@ def assert_same_as_llama_cpp(path: Path, text: str) -> None:
 
 
 @pytest.mark.parametrize("name", MODELS)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(text=TEXT)
 def test_random_text_matches_llama_cpp(name, text):
     assert_same_as_llama_cpp(model_path(name), text)
 
 
 @pytest.mark.parametrize("path", _vocab_files())
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(text=TEXT)
+@example(text="<unk>\x85")                 # phi-3: <unk> does not swallow what follows
+@example(text="<|end|>\x85 \t x</s> \u00a0y")    # RSTRIP takes ASCII whitespace only
 def test_random_text_matches_llama_cpp_on_its_test_vocabs(path, text):
     assert_same_as_llama_cpp(path, text)
 
