@@ -42,7 +42,7 @@ __all__ = ["Tokenizer", "Vocab"]
 log = logging.getLogger(__name__)
 
 # Bump when the built tokenizer changes for the same file, so stale cache entries are ignored.
-_BUILD_VERSION = 4
+_BUILD_VERSION = 5
 _SPACE = "\u2581"        # SentencePiece's escaped space
 _MISSING = "\u0000polydev:missing\u0000"   # byte-level BPE: a character not in the vocabulary
 
@@ -55,6 +55,19 @@ _EOG_TEXTS = frozenset([
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
               "<end_of_utterance>")
+# Fill-in-the-middle tokens llama.cpp looks for by text when the file does not name them (and
+# forces to control type), by the key that would name them.
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
+                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
+                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
+                "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
 _SPECIAL_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN)
 _MODELS = ("llama", "gpt2")
 
@@ -111,11 +124,22 @@ class Vocab:
         scores = _float_array(f, "tokenizer.ggml.scores", n)
         for i in np.nonzero([not t for t in tokens])[0]:
             tokens[i] = f"[EMPTY_{i}]"          # llama.cpp's name for an empty token
-        eog_texts = [i for i, t in enumerate(tokens) if t in _EOG_TEXTS]
-        # llama.cpp adds the control attribute to these; a user-defined one then acts as
-        # control (split out only with parse_special, printed only with special)
+        looked_up = set(_EOG_TEXTS)
+        for key, texts in _FIM_TEXTS.items():
+            if f.get(f"tokenizer.ggml.{key}_token_id") is None:
+                looked_up.update(texts)
+        eog_texts = [i for i, t in enumerate(tokens) if t in looked_up]
+        # llama.cpp adds the control attribute to the end-of-generation and FIM tokens it finds
+        # by text; a user-defined one then acts as control (split out only with
+        # parse_special, printed only with special)
         forced = np.isin(types[eog_texts], [TokenType.NORMAL, TokenType.USER_DEFINED])
         types[eog_texts] = np.where(forced, TokenType.CONTROL, types[eog_texts])
+        # end of generation: llama.cpp's list, plus the FIM pad, repo and separator tokens
+        ends = set(_EOG_TEXTS).union(*(_FIM_TEXTS[k] for k in ("fim_pad", "fim_rep", "fim_sep")))
+        eog_texts = [i for i in eog_texts if tokens[i] in ends]
+        eog_texts += [i for k in ("fim_pad", "fim_rep", "fim_sep")
+                      for i in [_token_id(f, f"tokenizer.ggml.{k}_token_id", None, n)]
+                      if i is not None]
         if model == "llama":
             pre, merges = None, []
             defaults = dict(bos=1, eos=2, unknown=0, add_bos=True, space_prefix=True,

@@ -185,8 +185,21 @@ def test_random_text_matches_llama_cpp(name, text):
 @given(text=TEXT)
 @example(text="<unk>\x85")                 # phi-3: <unk> does not swallow what follows
 @example(text="<|end|>\x85 \t x</s> \u00a0y")    # RSTRIP takes ASCII whitespace only
+@example(text="ùa<｜fim▁begin｜>\t  Hi<pad>")       # FIM tokens found by text act as control
 def test_random_text_matches_llama_cpp_on_its_test_vocabs(path, text):
     assert_same_as_llama_cpp(path, text)
+
+
+@pytest.mark.parametrize("path", _vocab_files() + [pytest.param(None, id="models")])
+def test_end_of_generation_tokens_match_llama_cpp(path):
+    """The EOG set (llama.cpp's list of texts, the FIM pad/repo/separator tokens, the ids the
+    file names) equals llama_vocab_is_eog over the whole vocabulary."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle")
+    for p in ([path] if path is not None else [model_path(n) for n in MODELS]):
+        _, llm, tok = llama_cpp_and_ours(p)
+        theirs = {i for i in range(tok.n_vocab)
+                  if llama_cpp.llama_vocab_is_eog(llm._model.vocab, i)}
+        assert set(tok.eog_ids) == theirs
 
 
 # --- the cache and errors ---------------------------------------------------------------------
