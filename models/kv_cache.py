@@ -17,7 +17,7 @@ from polydev.errors import InvalidArgumentError
 from polydev.lifetime import Resource
 
 from .hparams import HParams
-from .placement import KV_PAD, Placement
+from .placement import KV_PAD, Placement, kv_size
 
 __all__ = ["KVCache", "KV_TYPES"]
 
@@ -43,7 +43,7 @@ class KVCache(Resource):
                                            f"{t.traits.block_size} values; this model's are "
                                            f"{head}")
         self.hp = hp
-        self.size = -(-n_ctx // KV_PAD) * KV_PAD
+        self.size = kv_size(n_ctx)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers: list[Buffer] = []

@@ -52,7 +52,7 @@ from .gguf import GGUFFile, GGUFTensorInfo
 from .hparams import HParams
 
 __all__ = ["Placement", "TensorPlacement", "DeviceUsage", "plan_placement", "parse_size",
-           "parse_overrides", "CPU_MOE_PATTERN", "KV_PAD"]
+           "parse_overrides", "kv_size", "CPU_MOE_PATTERN", "KV_PAD"]
 
 CPU_MOE_PATTERN = r"\.ffn_(up|down|gate)_(ch|)exps"
 KV_PAD = 256                      # llama.cpp pads the KV cache to 256 cells
@@ -185,7 +185,7 @@ def plan_placement(
     if n_ctx <= 0 or n_batch <= 0:
         raise InvalidArgumentError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
     type_k, type_v = GGMLType.parse(type_k), GGMLType.parse(type_v)
-    kv_cells = [_kv_cells(hp, il, n_ctx, n_batch) for il in range(hp.n_layer)]
+    kv_cells = [kv_size(n_ctx)] * hp.n_layer
     kv_bytes = [_kv_layer_bytes(hp, il, kv_cells[il], type_k, type_v) for il in range(hp.n_layer)]
     infos = _model_tensors(f)
     rules = parse_overrides(override_tensor)
@@ -519,10 +519,10 @@ def _probe_op(ctx: Context, w, op: str, hp: HParams):
 
 # --- memory -------------------------------------------------------------------------------------
 
-def _kv_cells(hp: HParams, il: int, n_ctx: int, n_batch: int) -> int:
-    """Cells of layer ``il``'s KV cache: n_ctx padded to 256. Sliding-window layers keep a
-    full cache too (their mask hides what is out of the window); llama.cpp's smaller ring
-    cache for them is not built yet."""
+def kv_size(n_ctx: int) -> int:
+    """Cells of each layer's KV cache: n_ctx padded to 256. Sliding-window layers keep a full
+    cache too (their mask hides what is out of the window); llama.cpp's smaller ring cache
+    for them is not built yet."""
     return -(-n_ctx // KV_PAD) * KV_PAD
 
 
