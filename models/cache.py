@@ -7,23 +7,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from polydev.env import env_text
+from polydev.env import cache_dir
 
 __all__ = ["cache_dir", "write_atomic"]
 
 log = logging.getLogger(__name__)
-
-
-def cache_dir(kind: str) -> Path:
-    """``$POLYDEV_CACHE_DIR/<kind>`` (default ``$XDG_CACHE_HOME/polydev``, else
-    ``~/.cache/polydev``), created if missing."""
-    root = env_text("POLYDEV_CACHE_DIR")
-    if root is None:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-        root = os.path.join(xdg, "polydev")
-    path = Path(root) / kind
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def write_atomic(path: Path, data: bytes) -> None:

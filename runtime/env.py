@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
 
-__all__ = ["env_int", "env_float", "env_text"]
+__all__ = ["cache_dir", "env_int", "env_float", "env_text"]
 
 
 def env_text(name: str) -> str | None:
@@ -62,3 +63,15 @@ def _range(minimum, maximum) -> str:
     if minimum is not None:
         return f" (expected {minimum} or more)"
     return ""
+
+
+def cache_dir(kind: str) -> Path:
+    """``$POLYDEV_CACHE_DIR/<kind>`` (default ``$XDG_CACHE_HOME/polydev``, else
+    ``~/.cache/polydev``), created if missing: where polydev keeps what it derives once."""
+    root = env_text("POLYDEV_CACHE_DIR")
+    if root is None:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        root = os.path.join(xdg, "polydev")
+    path = Path(root) / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -14,7 +14,7 @@ from typing import Callable
 from polydev.ops import alibi_slopes
 from polydev.tensor import Tensor
 
-from .env import values_of
+from .env import needs_codec, values_of
 
 # scores per block of query rows, in elements (64 MiB of float32): big enough that each
 # block is a few large BLAS calls, small enough to bound the working memory
@@ -58,14 +58,20 @@ def bind_flash_attn_ext(env, node: Tensor) -> Callable[[], None]:
     block = max(1, SCORE_BLOCK // max(1, n_head * k_t.ne[1]))
 
     def run() -> None:
-        k = xp.asarray(values_of(env, k_t), dtype=xp.float32)[:, :, None]   # (s, hkv, 1, kv, D)
-        v = xp.asarray(values_of(env, v_t), dtype=xp.float32)[:, :, None]
-        k_t_ = xp.swapaxes(k, -1, -2)
         mask = (_mask_by_head(xp, env.view(mask_t), n_seq, n_head_kv, group, n_q)
             if mask_t is not None else None)
+        lo, hi = _visible_cells(xp, mask, k_t.ne[1])
+        if hi <= lo:                                # every score masked: zeros, as ggml
+            out[...] = 0
+            return
+        k = _cells_f32(env, k_t, lo, hi)[:, :, None]   # (s, hkv, 1, cells, D)
+        v = _cells_f32(env, v_t, lo, hi)[:, :, None]
+        k_t_ = xp.swapaxes(k, -1, -2)
+        if mask is not None:
+            mask = mask[..., lo:hi]
         for q0 in range(0, n_q, block):
             q1 = min(n_q, q0 + block)
-            scores = xp.matmul(q[:, :, :, q0:q1], k_t_)      # (s, hkv, group, rows, kv)
+            scores = xp.matmul(q[:, :, :, q0:q1], k_t_)      # (s, hkv, group, rows, cells)
             scores *= xp.float32(scale)
             if softcap:
                 xp.tanh(scores, out=scores)
@@ -75,6 +81,24 @@ def bind_flash_attn_ext(env, node: Tensor) -> Callable[[], None]:
                 scores += m * slopes if slopes is not None else m
             out[:, q0:q1] = xp.moveaxis(_softmax_times_v(xp, scores, v, sinks), 3, 1)
     return run
+
+
+def _visible_cells(xp, mask, n_kv: int) -> tuple[int, int]:
+    """The range of KV cells some query sees: cells outside it are -inf for every query and
+    add nothing (ggml's CPU kernel skips them too), so neither K nor V is read there."""
+    if mask is None:
+        return 0, n_kv
+    seen = xp.flatnonzero((mask != -xp.inf).any(axis=tuple(range(mask.ndim - 1))))
+    if seen.size == 0:
+        return 0, 0
+    return int(seen[0]), int(seen[-1]) + 1
+
+
+def _cells_f32(env, t: Tensor, lo: int, hi: int):
+    """Cells [lo, hi) of a K or V tensor (s, heads, cells, D) as float32."""
+    if needs_codec(t.type):
+        return env.xp.asarray(values_of(env, t)[:, :, lo:hi], dtype=env.xp.float32)
+    return env.float32(env.view(t)[:, :, lo:hi])
 
 
 def _softmax_times_v(xp, scores, v, sinks):

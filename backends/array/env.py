@@ -13,9 +13,11 @@ class ArrayEnv(Protocol):
 
     ``view`` gives a zero-copy strided array of a plain-type tensor (shape ``reversed(ne)``;
     BF16 as uint16 bits); ``rows`` gives a block-format tensor's rows as uint8
-    ``(ne3, ne2, ne1, row_bytes)``; ``dequantize``/``quantize`` convert rows of any type with a
-    codec; ``weight_f32`` returns a callable giving a float32 array of a matrix's values,
-    cached across calls where the backend can prove the bytes did not change.
+    ``(ne3, ne2, ne1, row_bytes)``; ``float32`` gives an array's values as float32 (fp16
+    converted fast where the backend can); ``dequantize``/``quantize`` convert rows of any
+    type with a codec; ``weight_f32`` returns a callable giving a float32 array of a
+    matrix's values, cached across calls where the backend can prove the bytes did not
+    change.
     """
 
     xp: Any
@@ -23,6 +25,8 @@ class ArrayEnv(Protocol):
     def view(self, t: Tensor) -> Any: ...
 
     def rows(self, t: Tensor) -> Any: ...
+
+    def float32(self, a: Any) -> Any: ...
 
     def dequantize(self, rows: Any, type_: GGMLType, out: Any = None) -> Any: ...
 

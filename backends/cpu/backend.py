@@ -27,9 +27,10 @@ class CPUBackend(Backend):
             self.set_n_threads(n_threads)
 
     def set_n_threads(self, n_threads: int) -> None:
-        """Threads numpy's BLAS may use (process-wide, as BLAS has one pool)."""
+        """Threads of this stream's compiled kernels, and of numpy's BLAS (process-wide, as
+        BLAS has one pool)."""
         self.device.set_blas_threads(n_threads)
-        self.n_threads = n_threads
+        self.n_threads = self.env.n_threads = n_threads
 
     def _compute_scope(self) -> ContextManager:
         return np.errstate(all="ignore")     # -inf masks and overflowing exps are expected

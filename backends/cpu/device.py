@@ -12,10 +12,9 @@ from polydev.device import Device, DeviceType, Reg
 from polydev.errors import InvalidArgumentError
 from polydev.kernels import KernelTable
 
-from polydev.backends.array import TABLE
-
 from .backend import CPUBackend
 from .buffer import CPUBufferType, CPUMappedBufferType
+from .kernels import CPU_TABLE
 from .weights import WeightCache
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class CPUDevice(Device):
 
     @property
     def kernels(self) -> KernelTable:
-        return TABLE
+        return CPU_TABLE
 
     def _buffer_from_host_ptr(self, host: Any, max_tensor_size: int) -> Buffer:
         return self._mapped_buft.wrap(host)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -13,6 +14,7 @@ from polydev.types import GGMLType, TYPE_TRAITS, dequantize, quantize
 
 from polydev.backends.array.env import values_of
 
+from .native import kernels
 from .weights import WeightCache
 
 
@@ -32,6 +34,16 @@ class NumpyEnv:
 
     def __init__(self, weight_cache: WeightCache) -> None:
         self.weight_cache = weight_cache
+        self.n_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)            # threads of the compiled kernels
+        self._scratch = np.empty(0, dtype=np.float32)
+
+    def scratch(self, n: int) -> np.ndarray:
+        """``n`` float32 of working memory, shared by this stream's kernels (they run one at
+        a time): the largest request so far is kept, never one buffer per node."""
+        if self._scratch.size < n:
+            self._scratch = np.empty(n, dtype=np.float32)
+        return self._scratch[:n]
 
     def view(self, t: Tensor) -> np.ndarray:
         return np.ndarray(t.shape, dtype=TYPE_TRAITS[t.type].np_dtype, buffer=_host(t),
@@ -47,6 +59,19 @@ class NumpyEnv:
 
     def quantize(self, values: Any, type_: GGMLType) -> np.ndarray:
         return quantize(values, type_)
+
+    def float32(self, a: np.ndarray) -> np.ndarray:
+        """``a``'s values as float32 (a view where they already are); fp16 through the
+        compiled kernels, which convert with the CPU's own instructions."""
+        lib = kernels()
+        if a.dtype != np.float16 or lib is None or a.ndim > 4 or a.strides[-1] != 2:
+            return np.asarray(a, dtype=np.float32)
+        shape = (1,) * (4 - a.ndim) + a.shape
+        strides = (0,) * (4 - a.ndim) + a.strides
+        out = np.empty(a.shape, dtype=np.float32)
+        lib.f16_to_f32(a.ctypes.data, shape[3], shape[2], strides[2], shape[1], strides[1],
+                       shape[0], strides[0], out.ctypes.data)
+        return out
 
     def weight_f32(self, t: Tensor) -> Callable[[], np.ndarray]:
         if t.type == GGMLType.F32:

@@ -48,6 +48,10 @@ class CupyEnv:
         return self.xp.ndarray(shape, dtype=np.uint8, memptr=self._memptr(t),
                                strides=(t.nb[3], t.nb[2], t.nb[1], 1))
 
+    def float32(self, a: Any) -> Any:
+        """``a``'s values as float32 (a view where they already are)."""
+        return self.xp.asarray(a, dtype=self.xp.float32)
+
     def dequantize(self, rows: Any, type_: GGMLType, out: Any = None) -> Any:
         return self.decode(rows, type_, np.float32, out)
 

@@ -1,0 +1,13 @@
+"""The CPU backend's kernel table: its own kernels first, then the shared array kernels."""
+
+from __future__ import annotations
+
+from polydev.kernels import Kernel, KernelTable
+from polydev.ops import Op
+
+from polydev.backends.array import TABLE
+
+from .matmul import bind_native_mul_mat, native_mul_mat_ok
+
+CPU_TABLE = KernelTable({Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat)},
+                        target=lambda backend: backend.env, fallback=TABLE)

@@ -1,0 +1,81 @@
+"""MUL_MAT with a block-format (or F16) weight, read in place by the compiled kernels.
+
+A few activation rows (a decode step) multiply straight from the weight's blocks: each block
+is decoded in registers and used at once, so a product reads the weight's own bytes, not a
+float32 copy of four to seven times their size. Many rows (a prompt) decode the weight a tile
+of rows at a time into one scratch buffer and multiply each tile through BLAS, which is faster
+per row than the kernels once rows are many, and still holds no float32 copy of the weight.
+Either way the values are ggml's decoded values, so results equal the numpy path's up to the
+order of the sums. Shapes the kernels do not take (batched weights, strided activations)
+fall back to the shared array kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from polydev.tensor import Tensor
+from polydev.types import GGMLType
+
+from .native import kernels
+
+# up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
+BLOCK_PRODUCT_ROWS = 32
+TILE_BYTES = 8 << 20     # float32 bytes of one decoded tile: big BLAS calls, cache-sized
+
+
+def _as_rows(a: np.ndarray, k: int) -> np.ndarray | None:
+    """``a`` as a 2-D (rows, k) view with unit element stride, or None if that needs a copy."""
+    if a.strides[-1] != a.itemsize:
+        return None
+    rows = a.view()
+    try:
+        rows.shape = (-1, k)
+    except AttributeError:
+        return None
+    return rows
+
+
+def native_mul_mat_ok(node: Tensor) -> bool:
+    """The kernels read the weight's type, the weight is one matrix of whole blocks, and the
+    activations and result are float32 with unit element stride."""
+    lib = kernels()
+    a, b = node.src[0], node.src[1]
+    if lib is None or b.type != GGMLType.F32 or node.type != GGMLType.F32:
+        return False
+    block = lib.block_size(int(a.type))
+    return (block > 0 and a.ne[0] % block == 0 and a.ne[2] == 1 and a.ne[3] == 1
+            and a.is_contiguous_rows() and b.nb[0] == 4 and node.nb[0] == 4)
+
+
+def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
+    a_t = node.src[0]
+    k, m = a_t.ne[0], a_t.ne[1]
+    x, y = _as_rows(env.view(node.src[1]), k), _as_rows(env.view(node), m)
+    if x is None or y is None:                      # rows without one stride: the array kernel
+        from polydev.backends.array.matmul import bind_mul_mat
+        return bind_mul_mat(env, node)
+    lib, type_id, w_stride = kernels(), int(a_t.type), a_t.nb[1]
+    w_ptr = env.rows(a_t).ctypes.data
+    x_ptr, x_stride = x.ctypes.data, x.strides[0] // 4
+    y_ptr, y_stride = y.ctypes.data, y.strides[0] // 4
+    n_rows = x.shape[0]
+
+    if n_rows <= BLOCK_PRODUCT_ROWS:
+        def from_blocks() -> None:
+            lib.mul_mat(type_id, w_ptr, w_stride, m, k, x_ptr, x_stride, n_rows, y_ptr,
+                        y_stride, env.n_threads)
+        return from_blocks
+
+    tile_rows = max(1, min(m, TILE_BYTES // (4 * k)))
+
+    def by_tiles() -> None:
+        tile = env.scratch(tile_rows * k).reshape(tile_rows, k)
+        for i0 in range(0, m, tile_rows):
+            i1 = min(m, i0 + tile_rows)
+            lib.dequantize_rows(type_id, w_ptr, w_stride, i0, i1, k, tile.ctypes.data,
+                                env.n_threads)
+            np.matmul(x, tile[:i1 - i0].T, out=y[:, i0:i1])
+    return by_tiles

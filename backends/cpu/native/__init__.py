@@ -1,0 +1,124 @@
+"""The CPU backend's compiled kernels (``kernels.c``), built once with the system C compiler.
+
+numpy has no product of a block-format weight with float32 activations, so without these
+kernels a quantized weight is decoded to float32 (the weight cache) and multiplied by BLAS:
+four to seven times the bytes per product and in memory. ``kernels.c`` multiplies straight
+from the blocks. It is compiled on first use, as tinygrad compiles its CPU kernels, with
+``$CC`` (else ``cc``) for this machine's CPU (``-march=native``) into
+``$POLYDEV_CACHE_DIR/kernels`` under a name that hashes the source, the flags, the compiler
+and the CPU, so a changed source or another machine sharing the cache builds its own copy.
+
+Without a compiler, or with ``POLYDEV_CPU_NATIVE=0``, ``kernels()`` is None and the CPU
+backend keeps its numpy path, which gives the same values up to the order of the sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from polydev.env import cache_dir, env_int, env_text
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.c")
+DISABLE_ENV = "POLYDEV_CPU_NATIVE"
+# -ffp-contract=off: each block decodes with ggml's own float32 operations, never fused
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
+OPENMP = ["-fopenmp"]
+
+_i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+
+
+class NativeKernels:
+    """The loaded library's entry points, with their C signatures declared."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self.mul_mat = library.pd_mul_mat
+        self.mul_mat.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _int]
+        self.dequantize_rows = library.pd_dequantize_rows
+        self.dequantize_rows.argtypes = [_int, _ptr, _i64, _i64, _i64, _i64, _ptr, _int]
+        self.f16_to_f32 = library.pd_f16_to_f32
+        self.f16_to_f32.argtypes = [_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr]
+        for fn in (self.mul_mat, self.dequantize_rows, self.f16_to_f32):
+            fn.restype = None
+        block_size = library.pd_block_size
+        block_size.argtypes = [_int]
+        block_size.restype = _int
+        self._block_sizes = {t: block_size(t) for t in range(64)}
+
+    def block_size(self, type_id: int) -> int:
+        """Elements per block of ggml type ``type_id`` as the kernels read it; 0 where the
+        kernels do not read that type."""
+        return self._block_sizes.get(type_id, 0)
+
+
+def _compiler() -> str | None:
+    cc = env_text("CC") or "cc"
+    return shutil.which(cc)
+
+
+def _identity(cc: str, flags: list[str]) -> str:
+    """A hash of everything the built library depends on."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(SOURCE.read_bytes())
+    h.update(" ".join(flags).encode())
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    h.update(version.stdout.encode())
+    try:
+        with open("/proc/cpuinfo") as f:
+            h.update(next((line for line in f if line.startswith("flags")), "").encode())
+    except OSError:
+        pass
+    return h.hexdigest()
+
+
+def _build(cc: str, flags: list[str], target: Path) -> None:
+    """Compile into a temporary file beside ``target``, then rename: never half a library."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], check=True, capture_output=True,
+                       text=True, timeout=300)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load() -> NativeKernels | None:
+    cc = _compiler()
+    if cc is None:
+        log.warning("no C compiler (set $CC): the CPU backend multiplies quantized weights "
+                    "through float32 copies, which is slower and uses more memory")
+        return None
+    last_error = None
+    for flags in (FLAGS + OPENMP, FLAGS):          # without OpenMP: one thread, still correct
+        target = cache_dir("kernels") / f"kernels-{_identity(cc, flags)}.so"
+        try:
+            if not target.exists():
+                log.info("building the CPU kernels with %s into %s", cc, target)
+                _build(cc, flags, target)
+            return NativeKernels(ctypes.CDLL(str(target)), target)
+        except (OSError, subprocess.SubprocessError) as e:
+            last_error = getattr(e, "stderr", None) or str(e)
+    log.warning("the CPU kernels did not build (%s): the CPU backend multiplies quantized "
+                "weights through float32 copies", str(last_error).strip().splitlines()[-1:])
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def kernels() -> NativeKernels | None:
+    """The compiled kernels, built on first use; None where they cannot be (see the module)."""
+    if not env_int(DISABLE_ENV, 1, minimum=0, maximum=1):
+        return None
+    return _load()

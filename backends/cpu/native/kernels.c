@@ -1,0 +1,504 @@
+/* polydev's compiled CPU kernels: products of ggml block-format weights with float32
+ * activations, read straight from the blocks (no float32 copy of the weight), and fp16 to
+ * float32 conversion.
+ *
+ * Built at run time by polydev.backends.cpu.native with the system C compiler. Each block is
+ * decoded into float32 exactly as ggml's reference dequantize_row_* does (the same float32
+ * operations in the same order: this file is compiled with -ffp-contract=off), so the only
+ * difference from the numpy path (decode, then BLAS) is the order of the sums.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#define QK_K 256
+#define MAX_ROWS 8      /* activation rows a weight block is reused for, per pass */
+
+/* ggml type ids */
+enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0) {
+        float v = (float)m * 5.9604644775390625e-08f;    /* 2^-24: zero or subnormal */
+        return sign ? -v : v;
+    }
+    bits = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* --- one block to float32, as ggml's dequantize_row_* ------------------------------------ */
+
+static inline __attribute__((always_inline)) void dq_q4_0(const uint8_t *restrict b, float *restrict y) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)((qs[j] & 0xF) - 8) * d;
+        y[j + 16] = (float)((qs[j] >> 4) - 8) * d;
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_q4_1(const uint8_t *restrict b, float *restrict y) {
+    float d = f16(b), m = f16(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)(qs[j] & 0xF) * d + m;
+        y[j + 16] = (float)(qs[j] >> 4) * d + m;
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_q5_0(const uint8_t *restrict b, float *restrict y) {
+    float d = f16(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const uint8_t *qs = b + 6;
+    for (int j = 0; j < 16; j++) {
+        int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+        y[j] = (float)(((qs[j] & 0xF) | h0) - 16) * d;
+        y[j + 16] = (float)(((qs[j] >> 4) | h1) - 16) * d;
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_q5_1(const uint8_t *restrict b, float *restrict y) {
+    float d = f16(b), m = f16(b + 2);
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    const uint8_t *qs = b + 8;
+    for (int j = 0; j < 16; j++) {
+        int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+        y[j] = (float)((qs[j] & 0xF) | h0) * d + m;
+        y[j + 16] = (float)((qs[j] >> 4) | h1) * d + m;
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_q8_0(const uint8_t *restrict b, float *restrict y) {
+    float d = f16(b);
+    const int8_t *qs = (const int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
+}
+
+static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_q4_k(const uint8_t *restrict b, float *restrict y) {
+    float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *scales = b + 4, *q = b + 16;
+    for (int j = 0; j < 4; j++) {
+        uint8_t sc, m;
+        scale_min_k4(2 * j, scales, &sc, &m);
+        float d1 = d * sc, m1 = dmin * m;
+        scale_min_k4(2 * j + 1, scales, &sc, &m);
+        float d2 = d * sc, m2 = dmin * m;
+        for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0xF) - m1;
+        for (int l = 0; l < 32; l++) y[l + 32] = d2 * (float)(q[l] >> 4) - m2;
+        y += 64;
+        q += 32;
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_q5_k(const uint8_t *restrict b, float *restrict y) {
+    float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
+    uint8_t u1 = 1, u2 = 2;
+    for (int j = 0; j < 4; j++) {
+        uint8_t sc, m;
+        scale_min_k4(2 * j, scales, &sc, &m);
+        float d1 = d * sc, m1 = dmin * m;
+        scale_min_k4(2 * j + 1, scales, &sc, &m);
+        float d2 = d * sc, m2 = dmin * m;
+        for (int l = 0; l < 32; l++)
+            y[l] = d1 * (float)((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; l++)
+            y[l + 32] = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+        y += 64;
+        ql += 32;
+        u1 <<= 2;
+        u2 <<= 2;
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_q6_k(const uint8_t *restrict b, float *restrict y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = f16(b + 208);
+    for (int n = 0; n < 2; n++) {
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * sc[is] * q1;
+            y[l + 32] = d * sc[is + 2] * q2;
+            y[l + 64] = d * sc[is + 4] * q3;
+            y[l + 96] = d * sc[is + 6] * q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+static inline __attribute__((always_inline)) void dq_f16(const uint8_t *restrict b, float *restrict y) {
+    for (int j = 0; j < 32; j++) y[j] = f16(b + 2 * j);
+}
+
+typedef void (*block_decoder)(const uint8_t *, float *);
+
+/* elements per block, bytes per block, decoder; 0 elements: not a type this file decodes */
+static int geometry(int type, int *block, int *bytes, block_decoder *dq) {
+    switch (type) {
+    case T_F16:  *block = QK;   *bytes = 64;  *dq = dq_f16;  return 1;
+    case T_Q4_0: *block = QK;   *bytes = 18;  *dq = dq_q4_0; return 1;
+    case T_Q4_1: *block = QK;   *bytes = 20;  *dq = dq_q4_1; return 1;
+    case T_Q5_0: *block = QK;   *bytes = 22;  *dq = dq_q5_0; return 1;
+    case T_Q5_1: *block = QK;   *bytes = 24;  *dq = dq_q5_1; return 1;
+    case T_Q8_0: *block = QK;   *bytes = 34;  *dq = dq_q8_0; return 1;
+    case T_Q4_K: *block = QK_K; *bytes = 144; *dq = dq_q4_k; return 1;
+    case T_Q5_K: *block = QK_K; *bytes = 176; *dq = dq_q5_k; return 1;
+    case T_Q6_K: *block = QK_K; *bytes = 210; *dq = dq_q6_k; return 1;
+    }
+    return 0;
+}
+
+/* Elements per block of `type` as these kernels read it, or 0 where there is no kernel. */
+int pd_block_size(int type) {
+    int block = 0, bytes = 0;
+    block_decoder dq = 0;
+    return geometry(type, &block, &bytes, &dq) ? block : 0;
+}
+
+/* Eight partial sums per activation row, so each block's product is a few vector FMAs. */
+static inline __attribute__((always_inline)) void dot_block(const float *restrict w, const float *restrict x, int n, float *restrict acc) {
+    for (int j = 0; j < n; j += 8)
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(w[j + l], x[j + l], acc[l]);
+}
+
+/* y[r, i] = sum_k W[i, k] * x[r, k] for rows i in [i0, i1) of W and n_rows rows of x: one
+ * copy per type, so each block decoder is inlined into its loop. */
+#define ROWS_TIMES(NAME, BLOCK, BYTES, DQ)                                                    \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int64_t K,     \
+                 const float *x, int64_t x_stride, int64_t n_rows, float *y,                \
+                 int64_t y_stride) {                                                        \
+    float buf[BLOCK] __attribute__((aligned(32)));                                          \
+    int64_t nb = K / (BLOCK);                                                               \
+    for (int64_t r0 = 0; r0 < n_rows; r0 += MAX_ROWS) {                                     \
+        int64_t nr = n_rows - r0 < MAX_ROWS ? n_rows - r0 : MAX_ROWS;                       \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
+            const uint8_t *row = w + i * w_stride;                                          \
+            float acc[MAX_ROWS][8] __attribute__((aligned(32)));                            \
+            memset(acc, 0, sizeof acc);                                                     \
+            for (int64_t b = 0; b < nb; b++) {                                              \
+                DQ(row + b * (BYTES), buf);                                                 \
+                for (int64_t r = 0; r < nr; r++)                                            \
+                    dot_block(buf, x + (r0 + r) * x_stride + b * (BLOCK), BLOCK, acc[r]);   \
+            }                                                                               \
+            for (int64_t r = 0; r < nr; r++) {                                              \
+                float *a = acc[r];                                                          \
+                y[(r0 + r) * y_stride + i] = ((a[0] + a[4]) + (a[1] + a[5])) +              \
+                                             ((a[2] + a[6]) + (a[3] + a[7]));               \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+}
+
+ROWS_TIMES(rows_f16, QK, 64, dq_f16)
+ROWS_TIMES(rows_q4_0, QK, 18, dq_q4_0)
+ROWS_TIMES(rows_q4_1, QK, 20, dq_q4_1)
+ROWS_TIMES(rows_q5_0, QK, 22, dq_q5_0)
+ROWS_TIMES(rows_q5_1, QK, 24, dq_q5_1)
+ROWS_TIMES(rows_q8_0, QK, 34, dq_q8_0)
+ROWS_TIMES(rows_q4_k, QK_K, 144, dq_q4_k)
+ROWS_TIMES(rows_q5_k, QK_K, 176, dq_q5_k)
+ROWS_TIMES(rows_q6_k, QK_K, 210, dq_q6_k)
+
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* --- AVX2: each 32-element group decoded into four vectors of 8 floats, then FMAs ------------
+ * The decoded values are the scalar decoders' values (the same float32 operations), so these
+ * kernels give what the loops above give, only faster. */
+
+#define AVX_KERNELS 1
+
+/* 32 bytes to four vectors of 8 floats (as unsigned or signed bytes) */
+static inline __attribute__((always_inline)) void u8_to_f32(__m256i v, __m256 *out) {
+    __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+static inline __attribute__((always_inline)) void i8_to_f32(__m256i v, __m256 *out) {
+    __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+/* 16 bytes of nibbles: the low nibbles (elements 0-15) then the high ones (16-31) */
+static inline __attribute__((always_inline)) __m256i nibbles(const uint8_t *qs) {
+    __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+}
+
+/* byte e is 0x10 where bit e of the 32-bit field is set, else 0 */
+static inline __attribute__((always_inline)) __m256i fifth_bits(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                             0x0101010101010101LL, 0x0000000000000000LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+static inline __attribute__((always_inline)) void scale_all(__m256 *w, float d) {
+    __m256 vd = _mm256_set1_ps(d);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(w[k], vd);
+}
+
+static inline __attribute__((always_inline)) void scale_add(__m256 *w, float d, float m) {
+    __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_add_ps(_mm256_mul_ps(w[k], vd), vm);
+}
+
+static inline __attribute__((always_inline)) void scale_sub(__m256 *w, float d, float m) {
+    __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_sub_ps(_mm256_mul_ps(vd, w[k]), vm);
+}
+
+static inline __attribute__((always_inline)) void g_q4_0(const uint8_t *b, int g, __m256 *w) {
+    (void)g;
+    i8_to_f32(_mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)), w);
+    scale_all(w, f16(b));
+}
+
+static inline __attribute__((always_inline)) void g_q4_1(const uint8_t *b, int g, __m256 *w) {
+    (void)g;
+    u8_to_f32(nibbles(b + 4), w);
+    scale_add(w, f16(b), f16(b + 2));
+}
+
+static inline __attribute__((always_inline)) void g_q5_0(const uint8_t *b, int g, __m256 *w) {
+    (void)g;
+    __m256i q = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
+    i8_to_f32(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), w);
+    scale_all(w, f16(b));
+}
+
+static inline __attribute__((always_inline)) void g_q5_1(const uint8_t *b, int g, __m256 *w) {
+    (void)g;
+    u8_to_f32(_mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)), w);
+    scale_add(w, f16(b), f16(b + 2));
+}
+
+static inline __attribute__((always_inline)) void g_q8_0(const uint8_t *b, int g, __m256 *w) {
+    (void)g;
+    i8_to_f32(_mm256_loadu_si256((const __m256i *)(b + 2)), w);
+    scale_all(w, f16(b));
+}
+
+static inline __attribute__((always_inline)) void g_f16(const uint8_t *b, int g, __m256 *w) {
+    (void)g;
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16 * k)));
+}
+
+/* group g of a Q4_K block: nibble (g & 1) of bytes 32 (g / 2) .. + 31, scale and min g */
+static inline __attribute__((always_inline)) void g_q4_k(const uint8_t *b, int g, __m256 *w) {
+    uint8_t sc, m;
+    scale_min_k4(g, b + 4, &sc, &m);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (g >> 1)));
+    if (g & 1) v = _mm256_srli_epi16(v, 4);
+    u8_to_f32(_mm256_and_si256(v, _mm256_set1_epi8(0xF)), w);
+    scale_sub(w, f16(b) * sc, f16(b + 2) * m);
+}
+
+/* group g of a Q5_K block: as Q4_K, plus bit g of qh[l] as 16 */
+static inline __attribute__((always_inline)) void g_q5_k(const uint8_t *b, int g, __m256 *w) {
+    uint8_t sc, m;
+    scale_min_k4(g, b + 4, &sc, &m);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (g >> 1)));
+    if (g & 1) v = _mm256_srli_epi16(v, 4);
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+    __m256i bit = _mm256_set1_epi8((char)(1 << g));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                    _mm256_set1_epi8(16));
+    u8_to_f32(_mm256_or_si256(v, high), w);
+    scale_sub(w, f16(b) * sc, f16(b + 2) * m);
+}
+
+/* group g of a Q6_K block: half n = g / 4, quarter q = g % 4 of that half */
+static inline __attribute__((always_inline)) void g_q6_k(const uint8_t *b, int g, __m256 *w) {
+    int n = g >> 2, q = g & 3;
+    const uint8_t *ql = b + 64 * n + 32 * (q & 1), *qh = b + 128 + 32 * n;
+    const int8_t *sc = (const int8_t *)(b + 192) + 8 * n + 2 * q;
+    __m256i low = _mm256_loadu_si256((const __m256i *)ql);
+    if (q >> 1) low = _mm256_srli_epi16(low, 4);
+    low = _mm256_and_si256(low, _mm256_set1_epi8(0xF));
+    __m256i high = _mm256_loadu_si256((const __m256i *)qh);
+    high = _mm256_and_si256(_mm256_srli_epi16(high, 2 * q), _mm256_set1_epi8(3));
+    __m256i v = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    i8_to_f32(_mm256_sub_epi8(v, _mm256_set1_epi8(32)), w);
+    float d = f16(b + 208);
+    __m256 lo = _mm256_set1_ps(d * sc[0]), hi = _mm256_set1_ps(d * sc[1]);
+    w[0] = _mm256_mul_ps(lo, w[0]);
+    w[1] = _mm256_mul_ps(lo, w[1]);
+    w[2] = _mm256_mul_ps(hi, w[2]);
+    w[3] = _mm256_mul_ps(hi, w[3]);
+}
+
+static inline __attribute__((always_inline)) float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define AVX_ROWS_TIMES(NAME, BLOCK, BYTES, G)                                                \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int64_t K,     \
+                 const float *x, int64_t x_stride, int64_t n_rows, float *y,                \
+                 int64_t y_stride) {                                                        \
+    int64_t nb = K / (BLOCK);                                                               \
+    for (int64_t r0 = 0; r0 < n_rows; r0 += MAX_ROWS) {                                     \
+        int64_t nr = n_rows - r0 < MAX_ROWS ? n_rows - r0 : MAX_ROWS;                       \
+        const float *xr = x + r0 * x_stride;                                                \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
+            const uint8_t *row = w + i * w_stride;                                          \
+            __m256 acc[MAX_ROWS][4];                                                        \
+            for (int64_t r = 0; r < nr; r++)                                                \
+                for (int k = 0; k < 4; k++) acc[r][k] = _mm256_setzero_ps();                \
+            for (int64_t b = 0; b < nb; b++) {                                              \
+                for (int g = 0; g < (BLOCK) / 32; g++) {                                    \
+                    __m256 v[4];                                                            \
+                    G(row + b * (BYTES), g, v);                                             \
+                    const float *xg = xr + b * (BLOCK) + 32 * g;                            \
+                    for (int64_t r = 0; r < nr; r++)                                        \
+                        for (int k = 0; k < 4; k++)                                         \
+                            acc[r][k] = _mm256_fmadd_ps(                                    \
+                                v[k], _mm256_loadu_ps(xg + r * x_stride + 8 * k), acc[r][k]); \
+                }                                                                           \
+            }                                                                               \
+            for (int64_t r = 0; r < nr; r++)                                                \
+                y[(r0 + r) * y_stride + i] = hsum(_mm256_add_ps(                            \
+                    _mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]))); \
+        }                                                                                   \
+    }                                                                                       \
+}
+
+AVX_ROWS_TIMES(avx_f16, QK, 64, g_f16)
+AVX_ROWS_TIMES(avx_q4_0, QK, 18, g_q4_0)
+AVX_ROWS_TIMES(avx_q4_1, QK, 20, g_q4_1)
+AVX_ROWS_TIMES(avx_q5_0, QK, 22, g_q5_0)
+AVX_ROWS_TIMES(avx_q5_1, QK, 24, g_q5_1)
+AVX_ROWS_TIMES(avx_q8_0, QK, 34, g_q8_0)
+AVX_ROWS_TIMES(avx_q4_k, QK_K, 144, g_q4_k)
+AVX_ROWS_TIMES(avx_q5_k, QK_K, 176, g_q5_k)
+AVX_ROWS_TIMES(avx_q6_k, QK_K, 210, g_q6_k)
+#endif
+
+typedef void (*rows_kernel)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
+                            int64_t, int64_t, float *, int64_t);
+
+static rows_kernel rows_of(int type) {
+#ifdef AVX_KERNELS
+    switch (type) {
+    case T_F16:  return avx_f16;
+    case T_Q4_0: return avx_q4_0;
+    case T_Q4_1: return avx_q4_1;
+    case T_Q5_0: return avx_q5_0;
+    case T_Q5_1: return avx_q5_1;
+    case T_Q8_0: return avx_q8_0;
+    case T_Q4_K: return avx_q4_k;
+    case T_Q5_K: return avx_q5_k;
+    case T_Q6_K: return avx_q6_k;
+    }
+#endif
+    switch (type) {
+    case T_F16:  return rows_f16;
+    case T_Q4_0: return rows_q4_0;
+    case T_Q4_1: return rows_q4_1;
+    case T_Q5_0: return rows_q5_0;
+    case T_Q5_1: return rows_q5_1;
+    case T_Q8_0: return rows_q8_0;
+    case T_Q4_K: return rows_q4_k;
+    case T_Q5_K: return rows_q5_k;
+    case T_Q6_K: return rows_q6_k;
+    }
+    return 0;
+}
+
+/* The product of an M x K block-format weight (rows `w_stride` bytes apart) with n_rows
+ * float32 activation rows of length K: y[r, i] = sum_k W[i, k] x[r, k]. Rows of W are shared
+ * among n_threads threads; K is a whole number of blocks (the caller checks). */
+void pd_mul_mat(int type, const uint8_t *w, int64_t w_stride, int64_t M, int64_t K,
+                const float *x, int64_t x_stride, int64_t n_rows,
+                float *y, int64_t y_stride, int n_threads) {
+    rows_kernel rows = rows_of(type);
+    const int64_t chunk = 16;
+    int64_t n_chunks = (M + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        int64_t i1 = (c + 1) * chunk < M ? (c + 1) * chunk : M;
+        rows(w, w_stride, c * chunk, i1, K, x, x_stride, n_rows, y, y_stride);
+    }
+}
+
+/* Rows [i0, i1) of a block-format weight to float32, out[(i - i0) * K + k]. */
+void pd_dequantize_rows(int type, const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1,
+                        int64_t K, float *out, int n_threads) {
+    int block = 0, bytes = 0;
+    block_decoder dq = 0;
+    geometry(type, &block, &bytes, &dq);
+    int64_t nb = K / block;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int64_t i = i0; i < i1; i++) {
+        const uint8_t *row = w + i * w_stride;
+        float *dst = out + (i - i0) * K;
+        for (int64_t b = 0; b < nb; b++) dq(row + b * bytes, dst + b * block);
+    }
+}
+
+/* fp16 values to contiguous float32: src[i3 * s3 + i2 * s2 + i1 * s1 + 2 * i0] (strides in
+ * bytes) to dst[((i3 * n2 + i2) * n1 + i1) * n0 + i0]. */
+void pd_f16_to_f32(const uint8_t *src, int64_t n0, int64_t n1, int64_t s1, int64_t n2,
+                   int64_t s2, int64_t n3, int64_t s3, float *dst) {
+    for (int64_t i3 = 0; i3 < n3; i3++)
+        for (int64_t i2 = 0; i2 < n2; i2++)
+            for (int64_t i1 = 0; i1 < n1; i1++) {
+                const uint8_t *s = src + i3 * s3 + i2 * s2 + i1 * s1;
+                float *d = dst + ((i3 * n2 + i2) * n1 + i1) * n0;
+                int64_t j = 0;
+#if defined(__F16C__)
+                for (; j + 8 <= n0; j += 8)
+                    _mm256_storeu_ps(d + j, _mm256_cvtph_ps(
+                        _mm_loadu_si128((const __m128i *)(s + 2 * j))));
+#endif
+                for (; j < n0; j++) d[j] = f16(s + 2 * j);
+            }
+}

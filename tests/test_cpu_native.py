@@ -1,0 +1,100 @@
+"""The CPU backend's compiled kernels: products read straight from the blocks, and fp16
+conversion, against float64 numpy of ggml's decoded values and against the numpy path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polydev
+from polydev import GGMLType, dequantize, ops
+from polydev.backends.array.matmul import bind_mul_mat
+from polydev.backends.cpu import matmul as cpu_matmul
+from polydev.backends.cpu.native import kernels
+
+from conftest import assert_close, compute
+from test_ops import f32, random_blocks
+
+pytestmark = pytest.mark.skipif(kernels() is None, reason="no C compiler for the CPU kernels")
+
+NATIVE_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+
+
+@pytest.fixture
+def cpu():
+    with polydev.init_backend("CPU") as b:
+        yield b
+
+
+def _product(cpu, raw, qtype, b):
+    return compute(cpu, lambda ctx, w, x: ops.mul_mat(ctx, w, x), raw, b, types=[qtype, None])
+
+
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=str)
+# 1 and 3 rows: from the blocks; 9: one pass of 8 rows and one of 1; 40: decoded tiles + BLAS
+@pytest.mark.parametrize("n", [1, 3, 9, 40])
+def test_block_product_equals_decoded_float64(cpu, rng, qtype, n):
+    m, k = 37, 512                      # an odd row count: the threads' chunks end mid-way
+    raw = random_blocks(rng, qtype, m, k)
+    b = f32(rng, (1, 1, n, k))
+    w = dequantize(raw, qtype).reshape(m, k).astype(np.float64)
+    assert_close(_product(cpu, raw, qtype, b)[0, 0], b[0, 0].astype(np.float64) @ w.T, 1e-10)
+
+
+def test_f16_weight_and_many_tiles(cpu, rng, monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "TILE_BYTES", 4 * 64 * 5)      # 5 rows per tile
+    w = f32(rng, (1, 1, 23, 64)).astype(np.float16)
+    b = f32(rng, (1, 1, 50, 64))
+    out = compute(cpu, lambda ctx, a_, x: ops.mul_mat(ctx, a_, x), w, b)
+    ref = b[0, 0].astype(np.float64) @ w[0, 0].astype(np.float64).T
+    assert_close(out[0, 0], ref, 1e-10)
+
+
+def test_batched_activations_share_one_weight(cpu, rng):
+    """Activations (2, 3, n, K) against one weight matrix: all rows in one product."""
+    m, k = 16, 256
+    raw = random_blocks(rng, GGMLType.Q4_K, m, k)
+    b = f32(rng, (2, 3, 4, k))
+    out = _product(cpu, raw, GGMLType.Q4_K, b)
+    w = dequantize(raw, GGMLType.Q4_K).reshape(m, k).astype(np.float64)
+    assert_close(out, b.astype(np.float64) @ w.T, 1e-10)
+
+
+def test_kernels_match_the_numpy_path(cpu, rng):
+    """The compiled path and the array kernel (decode to float32, BLAS) agree to float32
+    rounding: the same decoded values, only the order of the sums differs."""
+    ctx = polydev.Context()
+    w = ctx.new_tensor(GGMLType.Q6_K, (512, 24))
+    x = ctx.new_tensor(GGMLType.F32, (512, 3))
+    out = ops.mul_mat(ctx, w, x)
+    buf = polydev.alloc_ctx_tensors(ctx, cpu)
+    try:
+        w.set_data(random_blocks(rng, GGMLType.Q6_K, 24, 512))
+        x.set_data(f32(rng, (3, 512)))
+        native = cpu.bind(out)
+        native()
+        fast = out.numpy().copy()
+        bind_mul_mat(cpu.env, out)()
+        np.testing.assert_allclose(fast, out.numpy(), rtol=1e-5, atol=1e-5)
+    finally:
+        buf.close()
+
+
+def test_unsupported_shapes_fall_back(cpu, rng):
+    """A weight with batch dims is not the kernels' shape: the array kernel computes it."""
+    w = f32(rng, (1, 2, 8, 64)).astype(np.float16)
+    b = f32(rng, (1, 2, 3, 64))
+    out = compute(cpu, lambda ctx, a_, x: ops.mul_mat(ctx, a_, x), w, b)
+    assert_close(out, b.astype(np.float64) @ np.swapaxes(w.astype(np.float64), -1, -2), 1e-7)
+
+
+@pytest.mark.parametrize("shape,axes", [((3, 5, 40), None), ((2, 4, 7, 24), (0, 2, 1, 3)),
+                                        ((9, 16), None)])
+def test_f16_to_f32_matches_numpy(cpu, rng, shape, axes):
+    a = (rng.standard_normal(shape) * 1e3).astype(np.float16)
+    flat = a.reshape(-1)
+    flat[:6] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 6e-8]      # specials and a subnormal
+    view = a.transpose(axes) if axes else a[..., 1:]
+    got = cpu.env.float32(view)
+    np.testing.assert_array_equal(got, view.astype(np.float32))
