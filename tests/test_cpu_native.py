@@ -98,3 +98,31 @@ def test_f16_to_f32_matches_numpy(cpu, rng, shape, axes):
     view = a.transpose(axes) if axes else a[..., 1:]
     got = cpu.env.float32(view)
     np.testing.assert_array_equal(got, view.astype(np.float32))
+
+
+@pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (8.0, 0.0, True),
+                                                    (0.0, 20.0, False), (4.0, 5.0, True)])
+def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
+    """The compiled FLASH_ATTN_EXT (a few queries, fp16 K/V): GQA, two sequences sharing a
+    mask, ALiBi, softcap, sinks and a query that sees nothing, against float64."""
+    from test_ops_attention import _attention_ref, _causal_mask
+
+    q = f32(rng, (2, 8, 3, 64), -3, 3)
+    k = f32(rng, (2, 2, 50, 64), -3, 3).astype(np.float16)
+    v = f32(rng, (2, 2, 50, 64)).astype(np.float16)
+    mask = _causal_mask(rng, 3, 50, n_pad=1, heads=4)
+    mask[..., :5] = -np.inf                               # cells no query sees
+    mask[..., 2, :] = -np.inf                             # query 2 sees nothing
+    s = f32(rng, (8,), -2, 2)
+
+    def build(ctx, a, b, c, m, sk):
+        t = ops.flash_attn_ext(ctx, a, b, c, m, 0.3, max_bias, softcap)
+        if sinks:
+            ops.flash_attn_ext_add_sinks(t, sk)
+        return t
+    out = compute(cpu, build, q, k, v, mask, s)
+    ref = _attention_ref(*(x.astype(np.float64) for x in (q, k, v)), mask, 0.3, max_bias,
+                         softcap, s.astype(np.float64) if sinks else None)
+    if not sinks:
+        assert np.all(out[:, 2] == 0)
+    assert_close(out, ref, 1e-9)

@@ -7,7 +7,10 @@ from polydev.ops import Op
 
 from polydev.backends.array import TABLE
 
+from .attention import bind_native_flash_attn, native_flash_attn_ok
 from .matmul import bind_native_mul_mat, native_mul_mat_ok
 
-CPU_TABLE = KernelTable({Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat)},
-                        target=lambda backend: backend.env, fallback=TABLE)
+CPU_TABLE = KernelTable({
+    Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat),
+    Op.FLASH_ATTN_EXT: Kernel(native_flash_attn_ok, bind_native_flash_attn),
+}, target=lambda backend: backend.env, fallback=TABLE)

@@ -75,7 +75,8 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
         tile = env.scratch(tile_rows * k).reshape(tile_rows, k)
         for i0 in range(0, m, tile_rows):
             i1 = min(m, i0 + tile_rows)
-            lib.dequantize_rows(type_id, w_ptr, w_stride, i0, i1, k, tile.ctypes.data,
-                                env.n_threads)
+            # one thread: decoding is a few percent of the product, and OpenMP threads
+            # left spinning after a parallel region would take the cores BLAS runs on
+            lib.dequantize_rows(type_id, w_ptr, w_stride, i0, i1, k, tile.ctypes.data, 1)
             np.matmul(x, tile[:i1 - i0].T, out=y[:, i0:i1])
     return by_tiles

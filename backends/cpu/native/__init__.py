@@ -48,7 +48,10 @@ class NativeKernels:
         self.dequantize_rows.argtypes = [_int, _ptr, _i64, _i64, _i64, _i64, _ptr, _int]
         self.f16_to_f32 = library.pd_f16_to_f32
         self.f16_to_f32.argtypes = [_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr]
-        for fn in (self.mul_mat, self.dequantize_rows, self.f16_to_f32):
+        self.flash_attn_f16 = library.pd_flash_attn_f16
+        self.flash_attn_f16.argtypes = ([_ptr] + [_i64] * 3) * 4 + [_i64, _i64, _ptr] + \
+            [_i64] * 8 + [ctypes.c_float, ctypes.c_float, _ptr, _ptr, _int]
+        for fn in (self.mul_mat, self.dequantize_rows, self.f16_to_f32, self.flash_attn_f16):
             fn.restype = None
         block_size = library.pd_block_size
         block_size.argtypes = [_int]

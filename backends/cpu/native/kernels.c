@@ -502,3 +502,85 @@ void pd_f16_to_f32(const uint8_t *src, int64_t n0, int64_t n1, int64_t s1, int64
                 for (; j < n0; j++) d[j] = f16(s + 2 * j);
             }
 }
+
+static inline float f16_dot(const float *q, const uint8_t *k, int64_t n) {
+    int64_t j = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * j))), acc);
+    sum = hsum(acc);
+#endif
+    for (; j < n; j++) sum += q[j] * f16(k + 2 * j);
+    return sum;
+}
+
+static inline void f16_axpy(float *y, const uint8_t *v, float a, int64_t n) {
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 2 * j))), va,
+            _mm256_loadu_ps(y + j)));
+#endif
+    for (; j < n; j++) y[j] += a * f16(v + 2 * j);
+}
+
+/* FLASH_ATTN_EXT with fp16 K and V for a few queries: ggml's online softmax per (sequence,
+ * query, head) over the cells [lo, hi), skipping cells the mask sets to -inf as ggml does.
+ * Strides are in bytes; q[s][i][h] (D floats), k/v[s][h_kv][cell] (D / Dv halves),
+ * mask[s % m3][h % m2][i][cell] (halves, or NULL), out[s][i][h] (Dv floats, contiguous).
+ * slopes (ALiBi, per head) and sinks (per head) may be NULL. */
+void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
+                       const uint8_t *k, int64_t k1, int64_t k2, int64_t k3,
+                       const uint8_t *v, int64_t v1, int64_t v2, int64_t v3,
+                       const uint8_t *mask, int64_t m1, int64_t m2s, int64_t m3s,
+                       int64_t m2, int64_t m3, float *out, int64_t D, int64_t Dv,
+                       int64_t n_q, int64_t n_head, int64_t n_head_kv, int64_t n_seq,
+                       int64_t lo, int64_t hi, float scale, float softcap,
+                       const float *slopes, const float *sinks, int n_threads) {
+    int64_t group = n_head / n_head_kv, n_work = n_seq * n_q * n_head;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && n_work >= 64)
+    for (int64_t w = 0; w < n_work; w++) {
+        int64_t h = w % n_head, i = (w / n_head) % n_q, s = w / (n_head * n_q);
+        const float *qv = (const float *)(q + s * q3 + h * q2 + i * q1);
+        const uint8_t *kh = k + s * k3 + (h / group) * k2, *vh = v + s * v3 + (h / group) * v2;
+        const uint8_t *mrow = mask ? mask + (s % m3) * m3s + (h % m2) * m2s + i * m1 : 0;
+        float *acc = out + ((s * n_q + i) * n_head + h) * Dv;
+        float slope = slopes ? slopes[h] : 1.0f, M = -INFINITY, S = 0.0f;
+        for (int64_t j = 0; j < Dv; j++) acc[j] = 0.0f;
+        for (int64_t c = lo; c < hi; c++) {
+            float mv = mrow ? slope * f16(mrow + 2 * c) : 0.0f;
+            if (mv == -INFINITY) continue;
+            float x = f16_dot(qv, kh + c * k1, D) * scale;
+            if (softcap != 0.0f) x = softcap * tanhf(x);
+            x += mv;
+            float vs = 1.0f;
+            if (x > M) {
+                float ms = expf(M - x);
+                for (int64_t j = 0; j < Dv; j++) acc[j] *= ms;
+                S *= ms;
+                M = x;
+            } else {
+                vs = expf(x - M);
+            }
+            f16_axpy(acc, vh + c * v1, vs, Dv);
+            S += vs;
+        }
+        if (sinks) {
+            float x = sinks[h], ms = 1.0f, vs = 1.0f;
+            if (x > M) {
+                ms = expf(M - x);
+                for (int64_t j = 0; j < Dv; j++) acc[j] *= ms;
+            } else {
+                vs = expf(x - M);
+            }
+            S = S * ms + vs;
+        }
+        float inv = S == 0.0f ? 0.0f : 1.0f / S;
+        for (int64_t j = 0; j < Dv; j++) acc[j] *= inv;
+    }
+}

@@ -1,0 +1,61 @@
+"""FLASH_ATTN_EXT for a few queries over an fp16 KV cache, in the compiled kernels.
+
+A decode step's attention is a few small products per head: as numpy calls it costs far more
+in calls and fp16 conversions than in arithmetic. The compiled kernel runs ggml's online
+softmax per (sequence, query, head), reading K and V as fp16 and skipping the cells the mask
+hides, as ggml's CPU kernel does. Batches of many queries (a prompt) keep the array kernel,
+whose batched BLAS products are faster there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from polydev.ops import alibi_slopes
+from polydev.tensor import Tensor
+from polydev.types import GGMLType
+
+from .native import kernels
+
+F16, F32 = GGMLType.F16, GGMLType.F32
+MAX_QUERIES = 8     # queries per sequence up to which the compiled kernel runs
+
+
+def native_flash_attn_ok(node: Tensor) -> bool:
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask = node.src[3] if len(node.src) > 3 else None
+    sinks = node.src[4] if len(node.src) > 4 else None
+    return (kernels() is not None and q.type == F32 and k.type == F16 and v.type == F16
+            and node.type == F32 and q.ne[1] <= MAX_QUERIES and node.is_contiguous()
+            and q.nb[0] == 4 and k.nb[0] == 2 and v.nb[0] == 2
+            and (mask is None or mask.type == F16)
+            and (sinks is None or (sinks.type == F32 and sinks.is_contiguous())))
+
+
+def bind_native_flash_attn(env, node: Tensor) -> Callable[[], None]:
+    lib = kernels()
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask = node.src[3] if len(node.src) > 3 else None
+    sinks = node.src[4] if len(node.src) > 4 else None
+    scale, max_bias, softcap = node.op_params[:3]
+    if softcap:
+        scale /= softcap                      # softcap * tanh(scale / softcap * s), as ggml
+    n_head = q.ne[2]
+    slopes = (np.ascontiguousarray(alibi_slopes(n_head, max_bias), dtype=np.float32)
+              if max_bias > 0 else None)
+    ptr = lambda t: env.view(t).ctypes.data  # noqa: E731
+    m_args = ((ptr(mask), mask.nb[1], mask.nb[2], mask.nb[3], mask.ne[2], mask.ne[3])
+              if mask is not None else (None, 0, 0, 0, 1, 1))
+    args = (ptr(q), q.nb[1], q.nb[2], q.nb[3], ptr(k), k.nb[1], k.nb[2], k.nb[3],
+            ptr(v), v.nb[1], v.nb[2], v.nb[3], *m_args, ptr(node), q.ne[0], v.ne[0],
+            q.ne[1], n_head, k.ne[2], q.ne[3], 0, k.ne[1], scale, softcap,
+            slopes.ctypes.data if slopes is not None else None,
+            ptr(sinks) if sinks is not None else None)
+    run_kernel = lib.flash_attn_f16
+
+    def run() -> None:
+        run_kernel(*args, env.n_threads)
+    run.keep_alive = slopes                   # the slopes' memory outlives the bound call
+    return run
