@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Hashable, Protocol
 
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
@@ -17,7 +17,8 @@ class ArrayEnv(Protocol):
     converted fast where the backend can); ``dequantize``/``quantize`` convert rows of any
     type with a codec; ``weight_f32`` returns a callable giving a float32 array of a
     matrix's values, cached across calls where the backend can prove the bytes did not
-    change.
+    change; ``memo(key, inputs, compute)`` may reuse the last ``compute()`` of ``key`` while
+    the ``inputs`` arrays are unchanged (or always compute).
     """
 
     xp: Any
@@ -27,6 +28,8 @@ class ArrayEnv(Protocol):
     def rows(self, t: Tensor) -> Any: ...
 
     def float32(self, a: Any) -> Any: ...
+
+    def memo(self, key: Hashable, inputs: tuple, compute: Callable[[], Any]) -> Any: ...
 
     def dequantize(self, rows: Any, type_: GGMLType, out: Any = None) -> Any: ...
 

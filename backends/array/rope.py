@@ -104,9 +104,16 @@ def bind_rope(env, node: Tensor) -> Callable[[], None]:
     inplace = same_memory(node, node.src[0])
     freq_base = params[5]
 
-    def run() -> None:
+    def angles():
         thetas = rope_thetas(xp, pos, mode, n_dims, n_pairs, freq_base, sections)
-        cos, sin = rope_cos_sin(xp, thetas, n_dims, params, freq_factors)
+        return rope_cos_sin(xp, thetas, n_dims, params, freq_factors)
+    # every ROPE of a step with these parameters reads the same positions: they share one
+    # computation of the angles where the backend can tell the inputs are unchanged
+    key = ("rope", mode, n_dims, n_pairs, tuple(params[4:11]), tuple(sections))
+    inputs = (pos,) if freq_factors is None else (pos, freq_factors)
+
+    def run() -> None:
+        cos, sin = env.memo(key, inputs, angles)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]   # (1, tokens, 1, pairs)
         r0 = x0 * cos - x1 * sin
         r1 = x0 * sin + x1 * cos
