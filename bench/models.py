@@ -48,13 +48,20 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def polydev_child(path: str, reps: int) -> dict:
     import numpy as np
 
     from polydev.models import load
 
     rng = np.random.default_rng(0)
+    start_rss = _rss_now()                      # the interpreter, numpy, polydev, tokenizers
     with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False) as model:
+        loaded_rss = _rss_now()
         vocab = model.hparams.n_vocab
         model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))          # warm-up
         pp, tg = [], []
@@ -70,7 +77,8 @@ def polydev_child(path: str, reps: int) -> dict:
                 model.evaluator.eval([int(token)])
             tg.append(N_GEN / (time.perf_counter() - start))
         overhead = _overhead_per_node(model, rng)
-        return {"pp": pp, "tg": tg, "rss": _peak_rss(), "file": os.path.getsize(path),
+        return {"pp": pp, "tg": tg, "rss": _peak_rss(), "start_rss": start_rss,
+                "loaded_rss": loaded_rss, "file": os.path.getsize(path),
                 "kv": model.kv.nbytes, **overhead}
 
 
@@ -177,7 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         figures.append({"name": f"{label}: polydev peak RSS / (file + KV cache)",
                         "value": round(ours["rss"] / budget, 2), "unit": "ratio",
                         "target": 1.5, "better": "lower",
-                        "detail": f"{ours['rss'] / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB"})
+                        "detail": f"{ours['rss'] / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB "
+                                  f"(at start {ours['start_rss'] / 2**20:.0f} MiB, after load "
+                                  f"{ours['loaded_rss'] / 2**20:.0f} MiB)"})
+        above = ours["rss"] - ours["start_rss"]
+        figures.append({"name": f"{label}: polydev peak RSS above the interpreter's own / "
+                                f"(file + KV cache)",
+                        "value": round(above / budget, 2), "unit": "ratio", "target": 1.5,
+                        "better": "lower",
+                        "detail": f"{above / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB"})
         per_node = (ours["instrumented_s"] - ours["kernel_s"]) / ours["nodes"] * 1e6
         figures.append({"name": f"{label}: Python time per node of a decode step",
                         "value": round(per_node, 2), "unit": "us", "target": 2.0,

@@ -14,8 +14,12 @@ from polydev.types import type_from_numpy
 
 
 def pytest_configure(config) -> None:
-    """With POLYDEV_REQUIRE_OPENCL set (CI sets it), a missing OpenCL device stops the run
-    instead of quietly skipping every OpenCL test."""
+    """Build the CPU backend's compiled kernels before any test runs (a build inside a test
+    with a deadline would fail it). With POLYDEV_REQUIRE_OPENCL set (CI sets it), a missing
+    OpenCL device stops the run instead of quietly skipping every OpenCL test."""
+    from polydev.backends.cpu.native import kernels
+
+    kernels()
     if not os.environ.get("POLYDEV_REQUIRE_OPENCL"):
         return
     reg = next((r for r in polydev.registry().regs if r.name == "OpenCL"), None)

@@ -420,6 +420,44 @@ AVX_ROWS_TIMES(avx_q8_0, QK, 34, g_q8_0)
 AVX_ROWS_TIMES(avx_q4_k, QK_K, 144, g_q4_k)
 AVX_ROWS_TIMES(avx_q5_k, QK_K, 176, g_q5_k)
 AVX_ROWS_TIMES(avx_q6_k, QK_K, 210, g_q6_k)
+
+#define AVX_DEQUANTIZE(NAME, BLOCK, BYTES, G)                                                \
+static void NAME(const uint8_t *row, int64_t nb, float *dst) {                              \
+    for (int64_t b = 0; b < nb; b++)                                                        \
+        for (int g = 0; g < (BLOCK) / 32; g++) {                                            \
+            __m256 v[4];                                                                    \
+            G(row + b * (BYTES), g, v);                                                     \
+            for (int k = 0; k < 4; k++)                                                     \
+                _mm256_storeu_ps(dst + b * (BLOCK) + 32 * g + 8 * k, v[k]);                \
+        }                                                                                   \
+}
+
+AVX_DEQUANTIZE(avx_dq_f16, QK, 64, g_f16)
+AVX_DEQUANTIZE(avx_dq_q4_0, QK, 18, g_q4_0)
+AVX_DEQUANTIZE(avx_dq_q4_1, QK, 20, g_q4_1)
+AVX_DEQUANTIZE(avx_dq_q5_0, QK, 22, g_q5_0)
+AVX_DEQUANTIZE(avx_dq_q5_1, QK, 24, g_q5_1)
+AVX_DEQUANTIZE(avx_dq_q8_0, QK, 34, g_q8_0)
+AVX_DEQUANTIZE(avx_dq_q4_k, QK_K, 144, g_q4_k)
+AVX_DEQUANTIZE(avx_dq_q5_k, QK_K, 176, g_q5_k)
+AVX_DEQUANTIZE(avx_dq_q6_k, QK_K, 210, g_q6_k)
+
+typedef void (*row_decoder)(const uint8_t *, int64_t, float *);
+
+static row_decoder avx_row_decoder(int type) {
+    switch (type) {
+    case T_F16:  return avx_dq_f16;
+    case T_Q4_0: return avx_dq_q4_0;
+    case T_Q4_1: return avx_dq_q4_1;
+    case T_Q5_0: return avx_dq_q5_0;
+    case T_Q5_1: return avx_dq_q5_1;
+    case T_Q8_0: return avx_dq_q8_0;
+    case T_Q4_K: return avx_dq_q4_k;
+    case T_Q5_K: return avx_dq_q5_k;
+    case T_Q6_K: return avx_dq_q6_k;
+    }
+    return 0;
+}
 #endif
 
 typedef void (*rows_kernel)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
@@ -476,12 +514,18 @@ void pd_dequantize_rows(int type, const uint8_t *w, int64_t w_stride, int64_t i0
     block_decoder dq = 0;
     geometry(type, &block, &bytes, &dq);
     int64_t nb = K / block;
+#ifdef AVX_KERNELS
+    row_decoder fast = avx_row_decoder(type);
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int64_t i = i0; i < i1; i++) fast(w + i * w_stride, nb, out + (i - i0) * K);
+#else
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
     for (int64_t i = i0; i < i1; i++) {
         const uint8_t *row = w + i * w_stride;
         float *dst = out + (i - i0) * K;
         for (int64_t b = 0; b < nb; b++) dq(row + b * bytes, dst + b * block);
     }
+#endif
 }
 
 /* fp16 values to contiguous float32: src[i3 * s3 + i2 * s2 + i1 * s1 + 2 * i0] (strides in
