@@ -69,7 +69,11 @@ def test_ctrl_c_stops_a_parallel_run_within_a_second_without_a_traceback():
         pass                                 # skipped devices first; then the first chunk
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    # read the rest through the same buffered reader: communicate() reads the raw pipe and
+    # would miss what readline() had already buffered, cutting the next line in two
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode == EXIT_INTERRUPTED
     assert _one_line_error(err) == "polydev: interrupted"
