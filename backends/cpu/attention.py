@@ -45,7 +45,9 @@ def bind_native_flash_attn(env, node: Tensor) -> Callable[[], None]:
     n_head = q.ne[2]
     slopes = (np.ascontiguousarray(alibi_slopes(n_head, max_bias), dtype=np.float32)
               if max_bias > 0 else None)
-    ptr = lambda t: env.view(t).ctypes.data  # noqa: E731
+
+    def ptr(t: Tensor) -> int:
+        return env.view(t).ctypes.data
     m_args = ((ptr(mask), mask.nb[1], mask.nb[2], mask.nb[3], mask.ne[2], mask.ne[3])
               if mask is not None else (None, 0, 0, 0, 1, 1))
     args = (ptr(q), q.nb[1], q.nb[2], q.nb[3], ptr(k), k.nb[1], k.nb[2], k.nb[3],
