@@ -1,21 +1,20 @@
 """Text to token ids and back, as llama.cpp does it, from a GGUF file's own vocabulary.
 
-Encoding runs on a ``tokenizers.Tokenizer`` (Rust) built from the GGUF metadata:
+Special tokens written in the text are split out first (``polydev.models.special_split``):
+control and unknown tokens only when ``parse_special`` is true, user-defined tokens always
+(llama.cpp's ``tokenizer_st_partition``). Each run of plain text between them is then
+encoded by the vocabulary's own model:
 
-- ``tokenizer.ggml.model == "llama"`` (SentencePiece): BPE with byte fallback whose merge
-  ranks come from the token scores (llama.cpp merges the adjacent pair whose joined text is
-  the highest-scoring token), spaces escaped as U+2581 and, with ``add_space_prefix``, one
-  prepended to every run of text (llama.cpp prepends it after each special token too).
-- ``"gpt2"``: byte-level BPE with the file's merges and llama.cpp's pre-tokenizer regexes for
-  ``tokenizer.ggml.pre`` (``polydev.models.pretokenizers``).
+- ``tokenizer.ggml.model == "llama"`` (SentencePiece): llama.cpp's merge-by-score algorithm
+  over the token scores (``polydev.models.spm``), with spaces escaped as U+2581 and, with
+  ``add_space_prefix``, one prepended to the text at its start and after each special token.
+- ``"gpt2"``: a ``tokenizers.Tokenizer`` (Rust): byte-level BPE with the file's merges and
+  llama.cpp's pre-tokenizer regexes for ``tokenizer.ggml.pre``
+  (``polydev.models.pretokenizers``). It is built once per distinct vocabulary and then read
+  from a cache on disk, keyed by a hash of the file's metadata (``POLYDEV_CACHE_DIR``).
 
-Control and unknown tokens are split out of the text only when ``parse_special`` is true;
-user-defined tokens always are (llama.cpp's ``tokenizer_st_partition``). Decoding follows
-llama.cpp's ``token_to_piece``/``detokenize`` over a table of per-token bytes, so streaming a
-token at a time gives the same bytes as decoding the whole list.
-
-Building the SentencePiece merges of a 262k vocabulary takes a few seconds, so the built
-tokenizer is cached on disk, keyed by a hash of the file's metadata (``POLYDEV_CACHE_DIR``).
+Decoding follows llama.cpp's ``token_to_piece``/``detokenize`` over a table of per-token
+bytes, so streaming a token at a time gives the same bytes as decoding the whole list.
 """
 
 from __future__ import annotations
@@ -36,13 +35,15 @@ from polydev.errors import TokenizerError
 from .cache import cache_dir, write_atomic
 from .gguf import GGUFFile, StringArray
 from .pretokenizers import PreTokenizer, pre_tokenizer
+from .special_split import SpecialTokenSplitter
+from .spm import SentencePieceEncoder
 
 __all__ = ["Tokenizer", "Vocab"]
 
 log = logging.getLogger(__name__)
 
 # Bump when the built tokenizer changes for the same file, so stale cache entries are ignored.
-_BUILD_VERSION = 5
+_BUILD_VERSION = 6
 _SPACE = "\u2581"        # SentencePiece's escaped space
 _MISSING = "\u0000polydev:missing\u0000"   # byte-level BPE: a character not in the vocabulary
 
@@ -179,8 +180,11 @@ class Tokenizer:
     """llama.cpp's tokenizer for one GGUF vocabulary (see the module docstring)."""
 
     def __init__(self, vocab: Vocab, backend) -> None:
+        """``backend`` encodes one run of plain text: a ``SentencePieceEncoder`` for a
+        SentencePiece vocabulary, a ``tokenizers.Tokenizer`` for a byte-level BPE one."""
         self.vocab = vocab
-        self._hf = backend
+        self._backend = backend
+        self._splitter = SpecialTokenSplitter(vocab.tokens, vocab.types)
         self._rstrip = _rstrip_patterns(vocab)
         self._pieces: list[bytes] | None = None
         self._special_pieces: list[bytes] | None = None
@@ -189,14 +193,19 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, f: GGUFFile, cache: bool = True) -> "Tokenizer":
-        """The tokenizer of ``f``; built once per distinct vocabulary and then read from the
-        cache (``cache=False`` always builds)."""
+        """The tokenizer of ``f``. A byte-level BPE one is built once per distinct vocabulary
+        and then read from the cache (``cache=False`` always builds)."""
         vocab = Vocab.from_gguf(f)
+        if vocab.model == "llama":
+            encoder = SentencePieceEncoder(vocab.tokens, vocab.scores)
+            _check_unique(vocab.tokens, encoder.n_distinct)
+            return cls(vocab, encoder)
+        _check_unique(vocab.tokens, len(set(vocab.tokens)))
         path = _cache_path(f) if cache else None
         backend = _load_cached(path) if path is not None else None
         if backend is None:
             start = time.perf_counter()
-            backend = _build(vocab)
+            backend = _build_bpe(vocab)
             log.info("built the %s tokenizer of %s (%d tokens) in %.2f s", vocab.model, f.path,
                      len(vocab), time.perf_counter() - start)
             if path is not None:
@@ -244,11 +253,37 @@ class Tokenizer:
         if text and self._rstrip is not None:
             text = self._rstrip[parse_special].sub(r"\1", text)
         if text:
-            self._hf.encode_special_tokens = not parse_special
-            ids = self._hf.encode(text, add_special_tokens=False).ids
-            out += [i for i in ids if i != self.n_vocab] if self.n_vocab in ids else ids
+            out += self._encode_text(text, parse_special)
         if add_special and self.vocab.add_eos:
             out.append(self._required("eos"))
+        return out
+
+    def _encode_text(self, text: str, parse_special: bool) -> list[int]:
+        parts = self._splitter.split(text, parse_special)
+        if self.vocab.model == "llama":
+            return self._encode_sentencepiece(parts)
+        out: list[int] = []
+        missing = self.n_vocab         # a character the vocabulary lacks (see _build_bpe)
+        for part in parts:
+            if isinstance(part, int):
+                out.append(part)
+            else:
+                out += [i for i in self._backend.encode(part, add_special_tokens=False).ids
+                        if i != missing]
+        return out
+
+    def _encode_sentencepiece(self, parts: list[str | int]) -> list[int]:
+        out: list[int] = []
+        after_special = True           # llama.cpp: the text's start counts as after one
+        for part in parts:
+            if isinstance(part, int):
+                out.append(part)
+                after_special = True
+                continue
+            if self.vocab.add_space_prefix and after_special:
+                part = " " + part
+            out += self._backend.encode(part.replace(" ", _SPACE))
+            after_special = False
         return out
 
     def _required(self, which: str) -> int:
@@ -384,57 +419,35 @@ def _is_phi3(f: GGUFFile) -> bool:
     return "phi-3" in name or "phi3" in name
 
 
-# --- building the tokenizers.Tokenizer ---------------------------------------------------
+# --- building the byte-level BPE ----------------------------------------------------------
 
-def _build(vocab: Vocab):
+def _check_unique(tokens: list[str], n_distinct: int) -> None:
+    """llama.cpp asserts that no token text is listed twice."""
+    if n_distinct != len(tokens):
+        seen: set[str] = set()
+        dup = next(t for t in tokens if t in seen or seen.add(t))
+        raise TokenizerError(f"the vocabulary lists the token {dup!r} twice")
+
+
+def _build_bpe(vocab: Vocab):
+    """The byte-level BPE of a "gpt2" vocabulary; special tokens are split out before it."""
+    from tokenizers import Regex
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import normalizers, pre_tokenizers
+    from tokenizers import pre_tokenizers
     from tokenizers.models import BPE
 
     ids = {t: i for i, t in enumerate(vocab.tokens)}
-    if len(ids) != len(vocab.tokens):         # llama.cpp asserts on this too
-        seen: set[str] = set()
-        dup = next(t for t in vocab.tokens if t in seen or seen.add(t))
-        raise TokenizerError(f"the vocabulary lists the token {dup!r} twice")
-    if vocab.model == "llama":
-        unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
-        hf = HFTokenizer(BPE(vocab=ids, merges=_score_merges(vocab, ids), unk_token=unk,
-                             byte_fallback=True, fuse_unk=False))
-        steps = [normalizers.Replace(" ", _SPACE)]
-        if vocab.add_space_prefix:
-            steps.insert(0, normalizers.Prepend(_SPACE))
-        hf.normalizer = normalizers.Sequence(steps)
-    else:
-        # A character the vocabulary lacks stays a symbol of its own in llama.cpp: it blocks
-        # merges across it and is then dropped. An "unknown" token one past the vocabulary
-        # does the same here (encode drops its id).
-        merges = _file_merges(vocab, ids)
-        ids[_MISSING] = len(vocab.tokens)
-        hf = HFTokenizer(BPE(vocab=ids, merges=merges, unk_token=_MISSING, fuse_unk=False,
-                             ignore_merges=vocab.pre.ignore_merges))
-        from tokenizers import Regex
-        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in vocab.pre.regexes]
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    hf.add_tokens(_added_tokens(vocab))
+    # A character the vocabulary lacks stays a symbol of its own in llama.cpp: it blocks
+    # merges across it and is then dropped. An "unknown" token one past the vocabulary does
+    # the same here (encode drops its id).
+    merges = _file_merges(vocab, ids)
+    ids[_MISSING] = len(vocab.tokens)
+    hf = HFTokenizer(BPE(vocab=ids, merges=merges, unk_token=_MISSING, fuse_unk=False,
+                         ignore_merges=vocab.pre.ignore_merges))
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in vocab.pre.regexes]
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     return hf
-
-
-def _score_merges(vocab: Vocab, ids: dict[str, int]) -> list[tuple[str, str]]:
-    """SentencePiece merges as BPE ranks: every split of a token into two tokens, ranked by
-    the joined token's score (highest first; ties by id, as Hugging Face's converter does)."""
-    scores = vocab.scores if vocab.scores is not None else np.zeros(len(vocab), np.float32)
-    candidates = []
-    byte_type = TokenType.BYTE
-    for text, i in ids.items():
-        if len(text) < 2 or vocab.types[i] == byte_type:
-            continue
-        for k in range(1, len(text)):
-            left, right = text[:k], text[k:]
-            if left in ids and right in ids:
-                candidates.append((-float(scores[i]), i, ids[left], left, right))
-    candidates.sort()
-    return [(left, right) for *_, left, right in candidates]
 
 
 def _file_merges(vocab: Vocab, ids: dict[str, int]) -> list[tuple[str, str]]:
@@ -447,17 +460,6 @@ def _file_merges(vocab: Vocab, ids: dict[str, int]) -> list[tuple[str, str]]:
         if left in ids and right in ids and left + right in ids:
             merges.append((left, right))
     return merges
-
-
-def _added_tokens(vocab: Vocab) -> list:
-    from tokenizers import AddedToken
-
-    added = []
-    for i in np.nonzero(np.isin(vocab.types, [*_SPECIAL_TYPES, TokenType.USER_DEFINED]))[0]:
-        special = vocab.types[i] in _SPECIAL_TYPES
-        added.append(AddedToken(vocab.tokens[i], special=bool(special), normalized=False,
-                                rstrip=False))
-    return added
 
 
 # --- decoding tables ---------------------------------------------------------------------

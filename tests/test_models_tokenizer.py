@@ -215,7 +215,7 @@ def test_a_second_build_comes_from_the_cache(tmp_path, monkeypatch):
         def no_build(vocab):
             raise AssertionError("built again instead of reading the cache")
 
-        monkeypatch.setattr(tokenizer_module, "_build", no_build)
+        monkeypatch.setattr(tokenizer_module, "_build_bpe", no_build)
         second = Tokenizer.from_gguf(f)
         text = "Cached tokenizers give the same ids."
         assert second.encode(text) == first.encode(text)
@@ -273,3 +273,53 @@ def test_a_character_the_vocabulary_lacks_blocks_merges(tmp_path):
     assert tok.encode("acb") == [0, 1]
     assert tok.encode("c") == []
     assert tok.encode("<|endoftext|>ab", parse_special=True) == [3, 2]
+
+
+def _spm_file(tmp_path, tokens, scores, types=None) -> Path:
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "spm.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types or [1] * len(tokens))
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_sentencepiece_merges_the_highest_scoring_pair_first(tmp_path):
+    """"abc": "bc" (score -1) beats "ab" (-2), and "abc" is no token, so [a, bc]; with equal
+    scores the leftmost pair merges first, so [ab, c]; with "abc" a token the pieces join."""
+    tokens = ["<unk>", "a", "b", "c", "ab", "bc"]
+    types = [2, 1, 1, 1, 1, 1]
+    for scores, expected in (([0, -5, -5, -5, -2, -1], [1, 5]),
+                             ([0, -5, -5, -5, -2, -2], [4, 3])):
+        with GGUFFile(_spm_file(tmp_path, tokens, scores, types)) as f:
+            assert Tokenizer.from_gguf(f).encode("abc") == expected, scores
+    path = _spm_file(tmp_path, tokens + ["abc"], [0, -5, -5, -5, -2, -1, -3], types + [1])
+    with GGUFFile(path) as f:
+        tok = Tokenizer.from_gguf(f)
+    assert tok.encode("abc") == [6]
+    assert tok.encode("abcb") == [6, 2]
+
+
+def test_sentencepiece_falls_back_to_byte_tokens_or_says_which_byte_is_missing(tmp_path):
+    tokens = ["<unk>", "a", "<0xC3>", "<0xA9>"]
+    path = _spm_file(tmp_path, tokens, [0, -1, -1, -1], [2, 1, 6, 6])
+    with GGUFFile(path) as f:
+        tok = Tokenizer.from_gguf(f)
+    assert tok.encode("aé") == [1, 2, 3]
+    assert tok.decode([1, 2, 3]) == "aé"
+    with pytest.raises(TokenizerError, match="no token for the byte 0x62"):
+        tok.encode("ab")
+
+
+def test_a_token_listed_twice_is_an_error(tmp_path):
+    path = _spm_file(tmp_path, ["<unk>", "a", "a"], [0, -1, -1], [2, 1, 1])
+    with GGUFFile(path) as f, pytest.raises(TokenizerError, match="'a' twice"):
+        Tokenizer.from_gguf(f)
