@@ -6,7 +6,9 @@ its peak RSS is its own), one after the other for each model:
 - polydev's peak RSS against the GGUF file plus the KV cache (target 1.5);
 - polydev's Python time per node of a replayed decode step: the step's time minus the time
   spent inside its kernels, divided by its nodes (target 2 µs).
-llama.cpp is llama-cpp-python (2 threads); without it the ratios are missing and say why.
+llama.cpp is llama-cpp-python (2 threads); without it the ratios are missing and say why. Its
+wheel has only the CPU backend, so polydev loads only its own (POLYDEV_BACKENDS=cpu: no OpenCL
+driver, which would add about 37 MiB of RSS).
 Prints a table, or with --json one JSON object.
 """
 
@@ -150,7 +152,8 @@ def _child(engine: str, path: str, reps: int) -> dict | str:
     code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
             f"import models as m; print(json.dumps(m.{engine}_child({path!r}, {reps})))")
     # models.py takes bench/ off the path as it is imported (see leave_bench_dir)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    env = dict(os.environ, POLYDEV_BACKENDS="cpu") if engine == "polydev" else None
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -73,3 +73,21 @@ def test_devices_command_lists_cpu(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["devices"][-1]["name"] == "CPU"
     assert data["devices"][-1]["caps"]["async"] is False
+
+
+def test_polydev_backends_loads_only_the_named_entry_points(monkeypatch):
+    from polydev.errors import ConfigError
+
+    monkeypatch.setenv("POLYDEV_BACKENDS", " CPU , ")
+    reg = Registry()
+    assert [r.name for r in reg.regs] == ["CPU"]
+    assert reg.load_errors == {}
+    monkeypatch.setenv("POLYDEV_BACKENDS", "cpu,cdua")
+    reg = Registry()
+    with pytest.raises(ConfigError, match=r"POLYDEV_BACKENDS='cpu,cdua' names cdua, which is "
+                                          r"no installed backend \(installed: cpu, "):
+        reg.load()
+    with pytest.raises(ConfigError):                    # still an error the second time
+        reg.devices
+    monkeypatch.setenv("POLYDEV_BACKENDS", "all")
+    assert "cpu" in {r.name.lower() for r in Registry().regs}
