@@ -186,8 +186,6 @@ class Tokenizer:
         self._backend = backend
         self._splitter = SpecialTokenSplitter(vocab.tokens, vocab.types)
         self._rstrip = _rstrip_patterns(vocab)
-        self._pieces: list[bytes] | None = None
-        self._special_pieces: list[bytes] | None = None
 
     # --- construction ---------------------------------------------------------------------
 
@@ -298,8 +296,7 @@ class Tokenizer:
         """The bytes ``token`` stands for (llama.cpp's ``token_to_piece``); control tokens give
         their text only when ``special``. A piece may be part of a UTF-8 character."""
         self._check_token(token)
-        table = self._tables()[1 if special else 0]
-        return table[token]
+        return _piece(self.vocab, token, special)
 
     def decode_bytes(self, tokens: Iterable[int], remove_special: bool = False,
                      unparse_special: bool = False) -> bytes:
@@ -312,8 +309,7 @@ class Tokenizer:
             remove_space, ids = False, ids[1:]
         if remove_special and self.vocab.add_eos and ids and ids[-1] == self.vocab.eos_id:
             ids = ids[:-1]
-        table = self._tables()[1 if unparse_special else 0]
-        pieces = [table[t] for t in ids]
+        pieces = [_piece(self.vocab, t, unparse_special) for t in ids]
         if remove_space and pieces and pieces[0].startswith(b" "):
             pieces[0] = pieces[0][1:]
         text = b"".join(pieces)
@@ -328,11 +324,6 @@ class Tokenizer:
     def _check_token(self, token: int) -> None:
         if not 0 <= token < self.n_vocab:
             raise TokenizerError(f"token id {token} is outside the vocabulary [0, {self.n_vocab})")
-
-    def _tables(self) -> tuple[list[bytes], list[bytes]]:
-        if self._pieces is None:
-            self._pieces, self._special_pieces = _piece_tables(self.vocab)
-        return self._pieces, self._special_pieces
 
     def __repr__(self) -> str:
         pre = f", pre={self.vocab.pre.name!r}" if self.vocab.pre else ""
@@ -462,32 +453,22 @@ def _file_merges(vocab: Vocab, ids: dict[str, int]) -> list[tuple[str, str]]:
     return merges
 
 
-# --- decoding tables ---------------------------------------------------------------------
+# --- decoding ---------------------------------------------------------------------------
 
-def _piece_tables(vocab: Vocab) -> tuple[list[bytes], list[bytes]]:
-    """Per token: its bytes as a normal piece, and with control tokens written out."""
-    plain, special = [], []
-    byte_level = vocab.model == "gpt2"
-    for text, kind in zip(vocab.tokens, vocab.types.tolist(), strict=True):
-        if kind == TokenType.NORMAL:
-            piece = _byte_level_decode(text) if byte_level else text.replace(_SPACE, " ").encode()
-            plain.append(piece)
-            special.append(piece)
-        elif kind == TokenType.BYTE:       # "<0xXX>" in SentencePiece vocabularies
-            piece = (bytes([int(text[3:5], 16)]) if len(text) == 6 and text.startswith("<0x")
-                     else _byte_level_decode(text))
-            plain.append(piece)
-            special.append(piece)
-        elif kind == TokenType.USER_DEFINED:
-            plain.append(text.encode())
-            special.append(text.encode())
-        elif kind in _SPECIAL_TYPES:
-            plain.append(b"")
-            special.append(text.encode())
-        else:                             # unused and undefined tokens print nothing
-            plain.append(b"")
-            special.append(b"")
-    return plain, special
+def _piece(vocab: Vocab, token: int, special: bool) -> bytes:
+    """The bytes of one token: its text, unescaped; control tokens only when ``special``.
+    Computed per call: a table of every piece held about 14 MiB for a 262k vocabulary."""
+    text, kind = vocab.tokens[token], vocab.types[token]
+    if kind == TokenType.NORMAL:
+        return _byte_level_decode(text) if vocab.model == "gpt2" else text.replace(
+            _SPACE, " ").encode()
+    if kind == TokenType.BYTE:             # "<0xXX>" in SentencePiece vocabularies
+        if len(text) == 6 and text.startswith("<0x"):
+            return bytes([int(text[3:5], 16)])
+        return _byte_level_decode(text)
+    if kind == TokenType.USER_DEFINED or (special and kind in _SPECIAL_TYPES):
+        return text.encode()
+    return b""                            # control tokens unless special; unused, undefined
 
 
 def _byte_level_decode(text: str) -> bytes:
