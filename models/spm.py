@@ -9,18 +9,20 @@ tokens. This is ``llm_tokenizer_spm_session`` step for step, its stale-pair and
 ``rev_merge`` rules included, so the ids are llama.cpp's.
 
 Why not a Hugging Face BPE: expressing this as BPE needs every split of every token as a
-merge (514,847 for gemma-3's 262,144 tokens), which held about 290 MiB of RSS. Here the vocabulary
-is one dict over the token texts the ``Vocab`` already holds.
+merge (514,847 for gemma-3's 262,144 tokens), which held about 290 MiB of RSS. Here the lookup
+is ``TokenTexts.id_of`` over the texts the ``Vocab`` already holds.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Callable
 
 import numpy as np
 
 from polydev.errors import TokenizerError
+
+from .token_texts import TokenTexts
 
 __all__ = ["SentencePieceEncoder"]
 
@@ -28,22 +30,16 @@ __all__ = ["SentencePieceEncoder"]
 class SentencePieceEncoder:
     """Encodes escaped text (spaces already ``▁``) into token ids, as llama.cpp does."""
 
-    def __init__(self, tokens: Sequence[str], scores: np.ndarray | None) -> None:
-        # later duplicates win, as in llama.cpp's token_to_id
-        self._ids = {text: i for i, text in enumerate(tokens)}
+    def __init__(self, tokens: TokenTexts, scores: np.ndarray | None) -> None:
+        self._tokens = tokens
         self._scores = (scores.astype(np.float32) if scores is not None
                         else np.zeros(len(tokens), np.float32))
-
-    @property
-    def n_distinct(self) -> int:
-        """How many distinct token texts the vocabulary has."""
-        return len(self._ids)
 
     def encode(self, text: str) -> list[int]:
         """The token ids of ``text``."""
         if not text:
             return []
-        session = _Session(text, self._ids, self._scores)
+        session = _Session(text, self._tokens, self._scores)
         return session.run()
 
 
@@ -51,10 +47,10 @@ class _Session:
     """One text's symbols: runs of characters linked as a list, merged in place. Symbol ``i``
     starts at character ``i`` (a merge grows the left symbol), so only lengths change."""
 
-    def __init__(self, text: str, ids: dict[str, int], scores: np.ndarray) -> None:
+    def __init__(self, text: str, tokens: TokenTexts, scores: np.ndarray) -> None:
         n = len(text)
         self.text = text
-        self.ids = ids
+        self.id_of = tokens.id_of
         self.scores = scores
         self.length = [1] * n
         self.prev = list(range(-1, n - 1))
@@ -91,7 +87,7 @@ class _Session:
             return
         size = self.length[left] + self.length[right]
         joined = self.text[left:left + size]
-        token = self.ids.get(joined)
+        token = self.id_of(joined)
         if token is None:
             return
         heapq.heappush(self.queue, (-float(self.scores[token]), left, right, size))
@@ -103,7 +99,7 @@ class _Session:
         while pending:
             i = pending.pop()
             piece = self.text[i:i + self.length[i]]
-            token = self.ids.get(piece)
+            token = self.id_of(piece)
             if token is not None:
                 out.append(token)
                 continue
@@ -117,13 +113,13 @@ class _Session:
     def _byte_tokens(self, piece: str) -> list[int]:
         # "surrogatepass": a lone surrogate has no UTF-8; its code point's bytes stand in
         data = piece.encode("utf-8", "surrogatepass")
-        return [_byte_token(self.ids, b) for b in data]
+        return [_byte_token(self.id_of, b) for b in data]
 
 
-def _byte_token(ids: dict[str, int], byte: int) -> int:
-    token = ids.get(f"<0x{byte:02X}>")
+def _byte_token(id_of: Callable[[str], int | None], byte: int) -> int:
+    token = id_of(f"<0x{byte:02X}>")
     if token is None and byte < 0x80:
-        token = ids.get(chr(byte))
+        token = id_of(chr(byte))
     if token is None:
         raise TokenizerError(f"the vocabulary has no token for the byte 0x{byte:02X}, "
                              f"which a character of the text falls back to")

@@ -25,7 +25,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 from gguf import TokenType
@@ -37,6 +37,7 @@ from .gguf import GGUFFile, StringArray
 from .pretokenizers import PreTokenizer, pre_tokenizer
 from .special_split import SpecialTokenSplitter
 from .spm import SentencePieceEncoder
+from .token_texts import TokenTexts
 
 __all__ = ["Tokenizer", "Vocab"]
 
@@ -95,7 +96,7 @@ class Vocab:
     """What a GGUF file says about its vocabulary, with llama.cpp's defaults filled in."""
 
     model: str                     # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
-    tokens: list[str]
+    tokens: TokenTexts
     types: np.ndarray              # gguf.TokenType per token
     scores: np.ndarray | None
     merges: list[str]
@@ -119,17 +120,17 @@ class Vocab:
         if model not in _MODELS:
             raise TokenizerError(f"{f.path}: tokenizer model {model!r} is not supported "
                                  f"(polydev reads {', '.join(_MODELS)})")
-        tokens = _string_list(f, "tokenizer.ggml.tokens")
+        texts = _strings(f, "tokenizer.ggml.tokens")
+        # "[EMPTY_i]": llama.cpp's name for an empty token
+        tokens = TokenTexts(t or f"[EMPTY_{i}]" for i, t in enumerate(texts))
         n = len(tokens)
         types = _int_array(f, "tokenizer.ggml.token_type", n, TokenType.NORMAL)
         scores = _float_array(f, "tokenizer.ggml.scores", n)
-        for i in np.nonzero([not t for t in tokens])[0]:
-            tokens[i] = f"[EMPTY_{i}]"          # llama.cpp's name for an empty token
         looked_up = set(_EOG_TEXTS)
         for key, texts in _FIM_TEXTS.items():
             if f.get(f"tokenizer.ggml.{key}_token_id") is None:
                 looked_up.update(texts)
-        eog_texts = [i for i, t in enumerate(tokens) if t in looked_up]
+        eog_texts = sorted(i for t in looked_up for i in [tokens.id_of(t)] if i is not None)
         # llama.cpp adds the control attribute to the end-of-generation and FIM tokens it finds
         # by text; a user-defined one then acts as control (split out only with
         # parse_special, printed only with special)
@@ -150,14 +151,14 @@ class Vocab:
             pre = pre_tokenizer(pre_name)
             if pre is None:
                 raise TokenizerError(f"{f.path}: pre-tokenizer {pre_name!r} is not supported")
-            merges = _string_list(f, "tokenizer.ggml.merges")
+            merges = _strings(f, "tokenizer.ggml.merges").tolist()
             defaults = dict(bos=11, eos=11, add_bos=bool(pre.add_bos),
                             space_prefix=False, clean=pre.clean_spaces)
         special = {name: _token_id(f, f"tokenizer.ggml.{name}_token_id", defaults.get(name), n)
                    for name in ("bos", "eos", "unknown", "padding", "eot", "eom")}
         eot = special["eot"]
         if eot is None:
-            eot = next((i for t in _EOT_TEXTS for i in [_find(tokens, t)] if i is not None), None)
+            eot = next((i for t in _EOT_TEXTS for i in [tokens.id_of(t)] if i is not None), None)
         eog = {i for i in (special["eos"], eot, special["eom"]) if i is not None}
         eog.update(eog_texts)
         return cls(
@@ -194,11 +195,9 @@ class Tokenizer:
         """The tokenizer of ``f``. A byte-level BPE one is built once per distinct vocabulary
         and then read from the cache (``cache=False`` always builds)."""
         vocab = Vocab.from_gguf(f)
+        _check_unique(vocab.tokens)
         if vocab.model == "llama":
-            encoder = SentencePieceEncoder(vocab.tokens, vocab.scores)
-            _check_unique(vocab.tokens, encoder.n_distinct)
-            return cls(vocab, encoder)
-        _check_unique(vocab.tokens, len(set(vocab.tokens)))
+            return cls(vocab, SentencePieceEncoder(vocab.tokens, vocab.scores))
         path = _cache_path(f) if cache else None
         backend = _load_cached(path) if path is not None else None
         if backend is None:
@@ -332,13 +331,13 @@ class Tokenizer:
 
 # --- reading the vocabulary ---------------------------------------------------------------
 
-def _string_list(f: GGUFFile, key: str) -> list[str]:
+def _strings(f: GGUFFile, key: str) -> StringArray:
     value = f.get(key)
     if value is None:
         raise TokenizerError(f"{f.path}: the vocabulary has no {key}")
     if not isinstance(value, StringArray):
         raise TokenizerError(f"{f.path}: {key} must be an array of strings")
-    return value.tolist()
+    return value
 
 
 def _int_array(f: GGUFFile, key: str, n: int, default: int) -> np.ndarray:
@@ -369,13 +368,6 @@ def _token_id(f: GGUFFile, key: str, default: int | None, n: int) -> int | None:
         log.warning("%s: %s = %d is outside the vocabulary; ignoring it", f.path, key, value)
         return None
     return value
-
-
-def _find(tokens: Sequence[str], text: str) -> int | None:
-    try:
-        return tokens.index(text)
-    except ValueError:
-        return None
 
 
 _NOT_RSTRIPPED = ("<unk>", "<s>", "<|endoftext|>")     # llama.cpp's phi-3 exceptions
@@ -412,9 +404,9 @@ def _is_phi3(f: GGUFFile) -> bool:
 
 # --- building the byte-level BPE ----------------------------------------------------------
 
-def _check_unique(tokens: list[str], n_distinct: int) -> None:
+def _check_unique(tokens: TokenTexts) -> None:
     """llama.cpp asserts that no token text is listed twice."""
-    if n_distinct != len(tokens):
+    if tokens.n_distinct != len(tokens):
         seen: set[str] = set()
         dup = next(t for t in tokens if t in seen or seen.add(t))
         raise TokenizerError(f"the vocabulary lists the token {dup!r} twice")

@@ -323,3 +323,19 @@ def test_a_token_listed_twice_is_an_error(tmp_path):
     path = _spm_file(tmp_path, ["<unk>", "a", "a"], [0, -1, -1], [2, 1, 1])
     with GGUFFile(path) as f, pytest.raises(TokenizerError, match="'a' twice"):
         Tokenizer.from_gguf(f)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(texts=st.lists(st.text(max_size=6), max_size=40))
+def test_token_texts_read_and_find_every_text_as_a_list_would(texts):
+    from polydev.models.token_texts import TokenTexts
+
+    table = TokenTexts(texts)
+    assert len(table) == len(texts) and list(table) == texts
+    assert table[-1:] == texts[-1:] and table.n_distinct == len(set(texts))
+    for i, text in enumerate(texts):
+        assert texts[table.id_of(text)] == text
+        if texts.count(text) == 1:
+            assert table.id_of(text) == i
+    for missing in ("\x00never", "zzzzzzz"):
+        assert (table.id_of(missing) is None) == (missing not in texts)

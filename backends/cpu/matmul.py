@@ -23,7 +23,7 @@ from .native import kernels
 
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
 BLOCK_PRODUCT_ROWS = 32
-TILE_BYTES = 8 << 20     # float32 bytes of one decoded tile: big BLAS calls, cache-sized
+TILE_BYTES = 4 << 20     # float32 bytes of one decoded tile: big BLAS calls, L2-sized
 
 
 def _as_rows(a: np.ndarray, k: int) -> np.ndarray | None:
