@@ -268,3 +268,54 @@ def test_compare_passes_on_opencl(capsys, dev):
     assert f"Backend {dev.name}: OK" in out
     passed = int(out.split(" tests passed")[0].split()[-1].split("/")[0])
     assert passed > 2000
+
+
+# --- half precision, converted by integer arithmetic on CPU devices ----------------------------
+
+def test_every_half_converts_as_numpy_does(dev):
+    """CPY f16 -> f32 over all 65,536 bit patterns: subnormals, infinities, -0 and NaN
+    payloads as numpy's conversion gives them (bit for bit)."""
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    ctx = Context()
+    src = ctx.new_tensor(GGMLType.F16, (halves.size,), "halves")
+    out = ops.cpy(ctx, src, ctx.new_tensor(GGMLType.F32, (halves.size,), "floats"))
+    with alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as backend:
+        src.set_data(halves)
+        backend.graph_compute(build_graph(out))
+        got = out.numpy().ravel()
+    np.testing.assert_array_equal(got.view(np.uint32), halves.astype(np.float32).view(np.uint32))
+
+
+def test_an_f16_weight_decodes_exactly_in_the_decode_product(dev):
+    """MUL_MAT of an f16 weight holding every finite half by one-hot columns gives back each
+    weight column exactly (the lane-wise conversion of the decode kernel)."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = bits.view(np.float16)[np.isfinite(bits.view(np.float16))]
+    weight = finite[:finite.size // 32 * 32].reshape(-1, 32)          # rows of k = 32
+    for j in (0, 5, 16, 31):
+        ctx = Context()
+        a = ctx.new_tensor(GGMLType.F16, (32, weight.shape[0]), "w")
+        b = ctx.new_tensor(GGMLType.F32, (32, 1), "x")
+        out = ops.mul_mat(ctx, a, b)
+        with alloc_ctx_tensors(ctx, dev.buffer_type), dev.init_backend() as backend:
+            a.set_data(weight)
+            b.set_data(np.eye(32, dtype=np.float32)[j])
+            backend.graph_compute(build_graph(out))
+            np.testing.assert_array_equal(out.numpy().ravel(), weight[:, j].astype(np.float32))
+
+
+def test_the_work_group_kernels_of_gpus_still_agree_on_a_cpu_device(capsys, dev, monkeypatch):
+    """CPU devices take the barrier-free decode product and attention; the work-group kernels
+    GPUs take are checked here on the same PoCL device, against the CPU backend."""
+    from polydev.backends.opencl.programs import ProgramCache
+    from polydev.tools.cli import main
+
+    monkeypatch.setattr(dev, "barrier_free", False)
+    monkeypatch.setattr(dev, "_programs", ProgramCache(dev.cl, dev.platform.context,
+                                                       dev.cl_device, {"LS": dev.row_group_size,
+                                                                       "TS": dev.tile_size}))
+    code = main(["compare", "-b", dev.name, "-o", "MUL_MAT,FLASH_ATTN_EXT,CPY",
+                 "-p", r"n=1,|nb=1,|type_src=f16"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert int(out.split(" tests passed")[0].split()[-1].split("/")[0]) > 50

@@ -14,8 +14,8 @@ from polydev.ops import GluOp, Op, RopeMode, UnaryOp, alibi_params, yarn_corr_di
 from polydev.tensor import Tensor
 
 
-from .types import (ENCODABLE, FN_CODES, FN_DEFINES, I32, I64, MAT_VEC_MAX_COLUMNS,
-                    PLAIN_NAMES, QUANT_NAMES)
+from .types import (ENCODABLE, F16, F32, FLASH_ATTN_ROWS_MAX_DV, FN_CODES, FN_DEFINES, I32, I64,
+                    MAT_VEC_MAX_COLUMNS, MV_GROUP, MV_ROWS, PLAIN_NAMES, QUANT_NAMES, VEC_DECODED)
 
 if TYPE_CHECKING:
     from .backend import OpenCLBackend
@@ -263,6 +263,14 @@ def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
         defines["QUANT_T"] = QUANT_NAMES[a.type]
     args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node)
     batches = b.ne[2] * b.ne[3]
+    if b.ne[1] <= MAT_VEC_MAX_COLUMNS and device.barrier_free and _whole_chunks(a, b):
+        if a.type in VEC_DECODED:
+            defines["VEC_DEQ"] = True
+        if a.type == F16:
+            defines["SRC0_IS_F16"] = True
+        k = device.programs.kernel("mul_mat", "mul_mat_vec_rows", **defines)
+        groups = -(-a.ne[1] // (MV_ROWS * MV_GROUP))
+        return _launch(backend, k, args, (groups * MV_GROUP, b.ne[1] * batches), (MV_GROUP, 1))
     if b.ne[1] <= MAT_VEC_MAX_COLUMNS:
         ls = device.row_group_size
         k = device.programs.kernel("mul_mat", "mul_mat_vec", **defines)
@@ -271,6 +279,14 @@ def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
     k = device.programs.kernel("mul_mat", "mul_mat_tiled", **defines)
     grid = (-(-a.ne[1] // ts) * ts, -(-b.ne[1] // ts) * ts, batches)
     return _launch(backend, k, args, grid, (ts, ts, 1))
+
+
+def _whole_chunks(a: Tensor, b: Tensor) -> bool:
+    """mul_mat_vec_rows reads src0 rows as whole 32-value chunks and src1 columns as
+    contiguous f32."""
+    if b.type != F32 or b.nb[0] != 4 or a.ne[0] % 32:
+        return False
+    return a.type in QUANT_NAMES or a.nb[0] == a.type.traits.type_size
 
 
 def bind_mul_mat_id(backend, node: Tensor) -> Callable[[], None]:
@@ -296,11 +312,14 @@ def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:
     defines = {"SRC1_T": PLAIN_NAMES.get(k_t.type, "f32")}
     if k_t.type in QUANT_NAMES:
         defines["QUANT_T"] = QUANT_NAMES[k_t.type]
-    ls = backend.device.row_group_size
-    kernel = backend.device.programs.kernel("attention", "flash_attn", **defines)
     args = [a for t in (q, k_t, v_t, mask, sinks, node) for a in tensor_args(backend, t)]
     args += ([np.float32(scale), np.float32(softcap), np.float32(max_bias)]
         + alibi_args(q.ne[2], max_bias) + [np.int32(mask is not None), np.int32(sinks is not None)])
+    if backend.device.barrier_free and max(q.ne[0], v_t.ne[0]) <= FLASH_ATTN_ROWS_MAX_DV:
+        kernel = backend.device.programs.kernel("attention", "flash_attn_rows", **defines)
+        return _launch(backend, kernel, args, (q.ne[1], q.ne[2] * q.ne[3]), (1, 1))
+    ls = backend.device.row_group_size
+    kernel = backend.device.programs.kernel("attention", "flash_attn", **defines)
     return _launch(backend, kernel, args, (ls, q.ne[1], q.ne[2] * q.ne[3]), (ls, 1, 1))
 
 

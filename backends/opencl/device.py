@@ -47,6 +47,10 @@ class OpenCLDevice(Device):
         max_group = int(cl_device.max_work_group_size)
         self.row_group_size = min(ROW_GROUP_SIZE, 1 << (max_group.bit_length() - 1))
         self.tile_size = TILE_SIZE if max_group >= TILE_SIZE * TILE_SIZE else 8
+        # A CPU driver (PoCL) runs a work-group's work-items as loops on one core, where a
+        # barrier splits the loop and a work-group per row costs more than its row: decode
+        # products and attention take barrier-free kernels, one work-item per row(s), there.
+        self.barrier_free = self.type == DeviceType.CPU
         self._allocated = 0
         self._lock = threading.Lock()
         self._buft = OpenCLBufferType(self)
@@ -81,6 +85,8 @@ class OpenCLDevice(Device):
         with self._lock:
             if self._programs is None:
                 defaults = {"LS": self.row_group_size, "TS": self.tile_size}
+                if self.barrier_free:
+                    defaults["HALF_BY_BITS"] = True
                 self._programs = ProgramCache(self.cl, self.platform.context, self.cl_device,
                                               defaults)
             return self._programs

@@ -14,6 +14,8 @@ QUANT_NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_
                GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q4_K: "q4_K",
                GGMLType.Q5_K: "q5_K", GGMLType.Q6_K: "q6_K"}
 MATMUL_WEIGHTS = FLOATS + tuple(QUANT_NAMES)
+# the block formats with a lane-wise decoder (common.h's deq32v_*, built with -D VEC_DEQ)
+VEC_DECODED = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q6_K)
 # the block formats quantize.cl can write (ggml's reference quantizers)
 ENCODABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
 
@@ -28,3 +30,6 @@ FN_DEFINES = {f"FN_{name}": code for name, code in FN_CODES.items()}
 
 MAT_VEC_MAX_COLUMNS = 4     # up to this many src1 columns, the decode kernel beats tiles
 FLASH_ATTN_MAX_DV = 1024    # attention.cl's DV_MAX: the value rows it accumulates
+FLASH_ATTN_ROWS_MAX_DV = 512   # its DV_ROWS_MAX: the same for flash_attn_rows (CPU devices)
+MV_ROWS = 4                 # mul_mat.cl's MV_ROWS: src0 rows per work-item of mul_mat_vec_rows
+MV_GROUP = 8                # its work-group: 8 work-items (PoCL ran it faster than its own pick)

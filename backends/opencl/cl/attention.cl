@@ -61,3 +61,56 @@ kernel void flash_attn(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSOR(sin
         *(global float *) ADDR(dst, d, h, iq, s) = acc[i] * inv;
     }
 }
+
+// The same on a CPU device, without barriers: one work-item per (query row, head, sequence)
+// walks the kv positions, skips the masked ones, and keeps all Dv (<= DV_ROWS_MAX) running
+// outputs itself. NDRange (n_q, n_head * n_seq). Dk <= DV_ROWS_MAX too (q is kept in private memory).
+#define DV_ROWS_MAX 512
+#ifdef QUANT_T
+#define KV_ROW_AT(row, t, d) DEQ((const global uchar *) (row), d)
+#else
+#define KV_ROW_AT(row, t, d) LOAD1((row) + (d) * t##_nb0)
+#endif
+
+kernel void flash_attn_rows(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSOR(sinks),
+                            TENSOR(dst), float scale, float softcap, float max_bias, float m0,
+                            float m1, int n_head_log2, int has_mask, int has_sinks) {
+    int iq = get_global_id(0), hs = get_global_id(1);
+    if (iq >= q_ne1) return;
+    int n_head = q_ne2, h = hs % n_head, s = hs / n_head;
+    int hk = h / (n_head / k_ne2), hv = h / (n_head / v_ne2);
+    float slope = 1.0f;
+    if (max_bias > 0.0f) {
+        slope = h < n_head_log2 ? pow(m0, (float) (h + 1))
+                                : pow(m1, (float) (2 * (h - n_head_log2) + 1));
+    }
+    float acc[DV_ROWS_MAX], qv[DV_ROWS_MAX];
+    for (int d = 0; d < v_ne0; d++) acc[d] = 0.0f;
+    for (int d = 0; d < q_ne0; d++) qv[d] = load_f32(ADDR(q, d, iq, h, s));
+    const global char * mask_row = has_mask ? ADDR(mask, 0, iq, h % mask_ne2, s % mask_ne3) : 0;
+    float m = -INFINITY, total = 0.0f;
+    for (int j = 0; j < k_ne1; j++) {
+        float mv = has_mask ? load_f16(mask_row + j * mask_nb0) : 0.0f;
+        if (mv == -INFINITY) continue;
+        const global char * krow = ROW(k, j, hk, s), * vrow = ROW(v, j, hv, s);
+        float score = 0.0f;
+        for (int d = 0; d < q_ne0; d++) score += qv[d] * KV_ROW_AT(krow, k, d);
+        score *= scale;
+        if (softcap != 0.0f) score = softcap * tanh(score);
+        score += slope * mv;
+        float m_new = fmax(m, score);
+        float correction = exp(m - m_new), w = exp(score - m_new);
+        total = total * correction + w;
+        for (int d = 0; d < v_ne0; d++) acc[d] = acc[d] * correction + w * KV_ROW_AT(vrow, v, d);
+        m = m_new;
+    }
+    if (has_sinks) {
+        float sink = load_f32(ADDR(sinks, h, 0, 0, 0));
+        float m_new = fmax(m, sink);
+        float correction = exp(m - m_new);
+        total = total * correction + exp(sink - m_new);
+        for (int d = 0; d < v_ne0; d++) acc[d] *= correction;
+    }
+    float inv = total > 0.0f ? 1.0f / total : 0.0f;     // a fully masked row gives 0
+    for (int d = 0; d < v_ne0; d++) *(global float *) ADDR(dst, d, h, iq, s) = acc[d] * inv;
+}

@@ -1,5 +1,6 @@
 // Shared by every polydev OpenCL program: tensor arguments, F16 through vload_half /
-// vstore_half (PoCL has no cl_khr_fp16), and the dequantizers of ggml's block formats.
+// vstore_half (PoCL has no cl_khr_fp16; on CPU devices, loads convert by integer arithmetic)
+// and the dequantizers of ggml's block formats.
 
 // numpy rounds a * b + c twice; so must we (no silent fused multiply-adds)
 #pragma OPENCL FP_CONTRACT OFF
@@ -17,8 +18,36 @@
 #define ROW(t, i1, i2, i3) (t##_data + t##_offs + (ulong)(i1) * t##_nb1 + \
     (ulong)(i2) * t##_nb2 + (ulong)(i3) * t##_nb3)
 
-inline float load_f32(const global char * p) { return *(const global float *) p; }
+#ifdef HALF_BY_BITS
+// A CPU driver (PoCL) converts each half in software, call by call; the same conversion as
+// integer arithmetic is exact (subnormals, infinities and NaN payloads included), inlines
+// and vectorises. -D HALF_BY_BITS is given on CPU devices; GPUs convert in hardware.
+inline float half_bits(uint h) {
+    uint em = h & 0x7FFF, sign = (h & 0x8000) << 16;
+    float f = em < 0x0400 ? (float) em * 0x1p-24f                      // zero, subnormal
+            : em >= 0x7C00 ? as_float(((em & 0x3FF) << 13) | 0x7F800000) // inf, NaN
+            : as_float((em << 13) + 0x38000000);                        // rebias 15 -> 127
+    return as_float(as_uint(f) | sign);
+}
+
+inline float16 half16_bits(ushort16 h16) {
+    uint16 h = convert_uint16(h16), em = h & 0x7FFF, sign = (h & 0x8000) << 16;
+    float16 sub = convert_float16(em) * 0x1p-24f;
+    float16 special = as_float16(((em & 0x3FF) << 13) | 0x7F800000);
+    float16 normal = as_float16((em << 13) + 0x38000000);
+    float16 f = select(select(normal, special, em >= 0x7C00), sub, em < 0x0400);
+    return as_float16(as_uint16(f) | sign);
+}
+
+inline float load_f16(const global char * p) { return half_bits(*(const global ushort *) p); }
+inline float16 load_f16x16(const global half * p, int i) {
+    return half16_bits(vload16(i, (const global ushort *) p));
+}
+#else
 inline float load_f16(const global char * p) { return vload_half(0, (const global half *) p); }
+inline float16 load_f16x16(const global half * p, int i) { return vload_half16(i, p); }
+#endif
+inline float load_f32(const global char * p) { return *(const global float *) p; }
 inline float load_i32(const global char * p) { return (float) *(const global int *) p; }
 inline void store_f32(global char * p, float v) { *(global float *) p = v; }
 inline void store_f16(global char * p, float v) { vstore_half_rte(v, 0, (global half *) p); }
@@ -50,7 +79,7 @@ inline void store_i32(global char * p, float v) { *(global int *) p = (int) v; }
 
 // --- block formats: element i of a row (ggml's dequantize_row_* element by element) --------
 
-inline float f16_at(const global uchar * p) { return vload_half(0, (const global half *) p); }
+inline float f16_at(const global uchar * p) { return load_f16((const global char *) p); }
 
 inline float deq_q4_0(const global uchar * row, int i) {
     const global uchar * b = row + (i / 32) * 18;
@@ -135,7 +164,7 @@ inline float deq_q6_K(const global uchar * row, int i) {
 
 inline float deq_f32(const global uchar * row, int i) { return ((const global float *) row)[i]; }
 inline float deq_f16(const global uchar * row, int i) {
-    return vload_half(i, (const global half *) row);
+    return load_f16((const global char *) row + 2 * i);
 }
 
 // --- 32 values at once: chunk c of a row (a legacy block, or a K-quant sub-block, whose
@@ -220,9 +249,74 @@ inline void deq32_q6_K(const global uchar * row, int c, float * y) {
     }
 }
 
+// --- 32 values as two float16 vectors (values 0-15 and 16-31), for the barrier-free
+// kernels of CPU devices: the same values as deq32_*, computed lane-wise. Only where PoCL
+// ran them faster than deq32_* (Q8_0 and Q4_K were slower lane-wise) ------------------------
+
+inline void deq32v_q4_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+    const global uchar * b = row + c * 18;
+    float d = f16_at(b);
+    uchar16 qs = vload16(0, b + 2);
+    *lo = convert_float16(convert_int16(qs & (uchar16) (15)) - 8) * d;
+    *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) - 8) * d;
+}
+
+inline void deq32v_q4_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
+    const global uchar * b = row + c * 20;
+    float d = f16_at(b), m = f16_at(b + 2);
+    uchar16 qs = vload16(0, b + 4);
+    *lo = convert_float16(qs & (uchar16) (15)) * d + m;
+    *hi = convert_float16(qs >> (uchar16) (4)) * d + m;
+}
+
+// bit j of the 32 high bits at p, as 16 (ggml's qh, little-endian, unaligned)
+inline int16 q5_high_bits(const global uchar * p, int first) {
+    uint qh = p[0] | (p[1] << 8) | (p[2] << 16) | ((uint) p[3] << 24);
+    const uint16 bit = (uint16) (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return convert_int16(((uint16) (qh) >> (bit + (uint) first)) & (uint16) (1)) << 4;
+}
+
+inline void deq32v_q5_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+    const global uchar * b = row + c * 22;
+    float d = f16_at(b);
+    uchar16 qs = vload16(0, b + 6);
+    *lo = convert_float16((convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 2, 0)) - 16) * d;
+    *hi = convert_float16((convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 2, 16)) - 16) * d;
+}
+
+inline void deq32v_q5_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
+    const global uchar * b = row + c * 24;
+    float d = f16_at(b), m = f16_at(b + 2);
+    uchar16 qs = vload16(0, b + 8);
+    *lo = convert_float16(convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 4, 0)) * d + m;
+    *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 4, 16)) * d + m;
+}
+
+inline void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 * hi) {
+    const global uchar * b = row + (c / 8) * 210;
+    int sub = c % 8, h = sub / 4, quarter = sub % 4;
+    const global uchar * ql = b + 64 * h + (quarter & 1) * 32;
+    const global uchar * qh = b + 128 + 32 * h;
+    const global char * sc = (const global char *) (b + 192 + 8 * h);
+    float d = f16_at(b + 208);
+    uchar lshift = (quarter & 2) ? 4 : 0, hshift = 2 * quarter;
+    int16 q0 = convert_int16(((vload16(0, ql) >> lshift) & (uchar16) (15))
+                             | (((vload16(0, qh) >> hshift) & (uchar16) (3)) << (uchar16) (4))) - 32;
+    int16 q1 = convert_int16(((vload16(1, ql) >> lshift) & (uchar16) (15))
+                             | (((vload16(1, qh) >> hshift) & (uchar16) (3)) << (uchar16) (4))) - 32;
+    *lo = (d * sc[2 * quarter]) * convert_float16(q0);
+    *hi = (d * sc[1 + 2 * quarter]) * convert_float16(q1);
+}
+
 #ifdef QUANT_T
 #define DEQ(row, i) CAT(deq, QUANT_T)(row, i)
 #define DEQ32(row, c, y) CAT(deq32, QUANT_T)(row, c, y)
+#ifdef VEC_DEQ
+#define DEQ32V(row, c, lo, hi) CAT(deq32v, QUANT_T)(row, c, lo, hi)
+#else   // a block format without a lane-wise decoder: its scalar one, then loaded as vectors
+#define DEQ32V(row, c, lo, hi) do { float y_[32]; DEQ32(row, c, y_); \
+    *(lo) = vload16(0, y_); *(hi) = vload16(1, y_); } while (0)
+#endif
 #endif
 
 // --- work-group reductions (LS work-items, a power of two) --------------------------------

@@ -86,3 +86,52 @@ kernel void mul_mat_id_vec(TENSOR(src0), TENSOR(src1), TENSOR(src2), TENSOR(dst)
     }
     if (lid == 0) *(global float *) ADDR(dst, i01, slot, t, 0) = valid ? buf[0] : NAN;
 }
+
+// Decode on a CPU device (PoCL runs a work-group's work-items as loops, so barriers and
+// local-memory reductions cost more than they save): each work-item takes MV_ROWS rows of
+// src0 whole, 32 values at a time as float16 vectors, against one f32 column of src1 whose
+// values are contiguous. NDRange (ceil(ne01 / MV_ROWS), ne11 * ne12 * ne13). src0's rows
+// hold whole 32-value chunks (every block format; f16/f32 rows of a multiple of 32).
+#define MV_ROWS 4
+
+inline float sum16(float16 v) {
+    float8 a = v.lo + v.hi;
+    float4 b = a.lo + a.hi;
+    float2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+
+inline void chunk32(const global char * row, int c, float16 * lo, float16 * hi) {
+#ifdef QUANT_T
+    DEQ32V((const global uchar *) row, c, lo, hi);
+#else
+#if defined(SRC0_IS_F16)                                  // f16 or f32 rows
+    *lo = load_f16x16((const global half *) row + 32 * c, 0);
+    *hi = load_f16x16((const global half *) row + 32 * c, 1);
+#else
+    *lo = vload16(0, (const global float *) row + 32 * c);
+    *hi = vload16(1, (const global float *) row + 32 * c);
+#endif
+#endif
+}
+
+kernel void mul_mat_vec_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
+    int r0 = get_global_id(0) * MV_ROWS, c = get_global_id(1);
+    if (r0 >= src0_ne1) return;
+    int i11 = c % src1_ne1, i12 = (c / src1_ne1) % src1_ne2, i13 = c / (src1_ne1 * src1_ne2);
+    int i02 = i12 / (src1_ne2 / src0_ne2), i03 = i13 / (src1_ne3 / src0_ne3);
+    int rows = min(MV_ROWS, src0_ne1 - r0);
+    const global float * x = (const global float *) ADDR(src1, 0, i11, i12, i13);
+    float16 acc[MV_ROWS];
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
+    for (int ch = 0; ch < src0_ne0 / 32; ch++) {
+        float16 x0 = vload16(0, x + 32 * ch), x1 = vload16(1, x + 32 * ch), lo, hi;
+        for (int r = 0; r < rows; r++) {
+            chunk32(ROW(src0, r0 + r, i02, i03), ch, &lo, &hi);
+            acc[r] += lo * x0 + hi * x1;
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        *(global float *) ADDR(dst, r0 + r, i11, i12, i13) = sum16(acc[r]);
+    }
+}
