@@ -5,7 +5,10 @@ its peak RSS is its own), one after the other for each model:
 - polydev t/s / llama.cpp t/s for pp512 (target 1.0) and tg128 (target 0.5);
 - polydev's peak RSS against the GGUF file plus the KV cache (target 1.5);
 - polydev's Python time per node of a replayed decode step: the step's time minus the time
-  spent inside its kernels, divided by its nodes (target 2 µs).
+  spent inside its kernels, divided by its nodes (target 2 µs);
+- polydev's decode (tg128) with half the layers on OpenCL0 (llama.cpp's -ngl counting: the
+  output layer is one of them) against all on the CPU backend (target 0.5); missing, with
+  the reason, where there is no OpenCL device.
 llama.cpp is llama-cpp-python (2 threads); without it the ratios are missing and say why. Its
 wheel has only the CPU backend, so polydev loads only its own (POLYDEV_BACKENDS=cpu: no OpenCL
 driver, which would add about 37 MiB of RSS).
@@ -123,6 +126,29 @@ def _overhead_per_node(model, rng) -> dict:
             "nodes": nodes}
 
 
+def polydev_opencl_child(path: str, reps: int) -> dict:
+    """tg128 with half the layers on OpenCL0 and the rest on the CPU backend."""
+    import numpy as np
+
+    from polydev.models import GGUFFile, load
+
+    with GGUFFile(path) as f:
+        n_layer = int(f.get(f"{f.get('general.architecture')}.block_count"))
+    rng = np.random.default_rng(0)
+    ngl = (n_layer + 1) // 2
+    with load(path, devices=["OpenCL0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as model:
+        vocab = model.hparams.n_vocab
+        tg = []
+        for _ in range(reps):
+            model.reset()
+            model.evaluator.eval([1])
+            start = time.perf_counter()
+            for token in rng.integers(0, vocab, N_GEN):
+                model.evaluator.eval([int(token)])
+            tg.append(N_GEN / (time.perf_counter() - start))
+        return {"tg": tg, "ngl": ngl, "n_layer": n_layer}
+
+
 def llama_cpp_child(path: str, reps: int) -> dict:
     import numpy as np
     import llama_cpp
@@ -152,7 +178,8 @@ def _child(engine: str, path: str, reps: int) -> dict | str:
     code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
             f"import models as m; print(json.dumps(m.{engine}_child({path!r}, {reps})))")
     # models.py takes bench/ off the path as it is imported (see leave_bench_dir)
-    env = dict(os.environ, POLYDEV_BACKENDS="cpu") if engine == "polydev" else None
+    backends = {"polydev": "cpu", "polydev_opencl": "cpu,opencl"}
+    env = dict(os.environ, POLYDEV_BACKENDS=backends[engine]) if engine in backends else None
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
@@ -203,8 +230,21 @@ def main(argv: list[str] | None = None) -> int:
                         "better": "lower",
                         "detail": f"{ours['nodes']} nodes, step {ours['step_s'] * 1e3:.1f} ms, "
                                   f"kernels {ours['kernel_s'] * 1e3:.1f} ms"})
+        figures.append(_opencl_figure(label, path, reps, ours))
     print_figures("models", "2 threads, CPU", figures, args.json)
     return 0
+
+
+def _opencl_figure(label: str, path: str, reps: int, cpu: dict) -> dict:
+    opencl = _child("polydev_opencl", path, reps)
+    figure = {"name": f"{label}: tg{N_GEN} half the layers on OpenCL0 / all on the CPU",
+              "value": None, "unit": "ratio", "target": 0.5, "better": "higher"}
+    if isinstance(opencl, str):
+        return {**figure, "detail": f"no OpenCL figure: {opencl}"}
+    ratio = statistics.mean(opencl["tg"]) / statistics.mean(cpu["tg"])
+    return {**figure, "value": round(ratio, 3),
+            "detail": f"{_mean(opencl['tg'])} (-ngl {opencl['ngl']}: {opencl['ngl'] - 1} of "
+                      f"{opencl['n_layer']} layers and the output) vs {_mean(cpu['tg'])}"}
 
 
 if __name__ == "__main__":
