@@ -58,6 +58,16 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _generation_rate(model, rng) -> float:
+    """t/s of N_GEN random tokens decoded one at a time after a reset."""
+    model.reset()
+    model.evaluator.eval([1])
+    start = time.perf_counter()
+    for token in rng.integers(0, model.hparams.n_vocab, N_GEN):
+        model.evaluator.eval([int(token)])
+    return N_GEN / (time.perf_counter() - start)
+
+
 def polydev_child(path: str, reps: int) -> dict:
     import numpy as np
 
@@ -75,12 +85,7 @@ def polydev_child(path: str, reps: int) -> dict:
             start = time.perf_counter()
             model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))
             pp.append(N_PROMPT / (time.perf_counter() - start))
-            model.reset()
-            model.evaluator.eval([1])
-            start = time.perf_counter()
-            for token in rng.integers(0, vocab, N_GEN):
-                model.evaluator.eval([int(token)])
-            tg.append(N_GEN / (time.perf_counter() - start))
+            tg.append(_generation_rate(model, rng))
         overhead = _overhead_per_node(model, rng)
         return {"pp": pp, "tg": tg, "rss": _peak_rss(), "start_rss": start_rss,
                 "loaded_rss": loaded_rss, "file": os.path.getsize(path),
@@ -137,15 +142,9 @@ def polydev_opencl_child(path: str, reps: int) -> dict:
     rng = np.random.default_rng(0)
     ngl = (n_layer + 1) // 2
     with load(path, devices=["OpenCL0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as model:
-        vocab = model.hparams.n_vocab
         tg = []
         for _ in range(reps):
-            model.reset()
-            model.evaluator.eval([1])
-            start = time.perf_counter()
-            for token in rng.integers(0, vocab, N_GEN):
-                model.evaluator.eval([int(token)])
-            tg.append(N_GEN / (time.perf_counter() - start))
+            tg.append(_generation_rate(model, rng))
         return {"tg": tg, "ngl": ngl, "n_layer": n_layer}
 
 

@@ -13,6 +13,17 @@
 #define KV_AT(t, d, j, h, s) LOAD1(ADDR(t, d, j, h, s))
 #endif
 
+// One step of the online softmax: a new score joins the running max *m and sum *total; the
+// running outputs are to be scaled by the returned factor, and the score's weight is *w.
+inline float online_softmax(float score, float * m, float * total, float * w) {
+    float m_new = fmax(*m, score);
+    float correction = exp(*m - m_new);
+    *w = exp(score - m_new);
+    *total = *total * correction + *w;
+    *m = m_new;
+    return correction;
+}
+
 kernel void flash_attn(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSOR(sinks), TENSOR(dst),
                        float scale, float softcap, float max_bias, float m0, float m1,
                        int n_head_log2, int has_mask, int has_sinks) {
@@ -41,19 +52,13 @@ kernel void flash_attn(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSOR(sin
         if (masked) continue;
         if (softcap != 0.0f) score = softcap * tanh(score);
         score += slope * mv;
-        float m_new = fmax(m, score);
-        float correction = exp(m - m_new), w = exp(score - m_new);
-        total = total * correction + w;
+        float w, correction = online_softmax(score, &m, &total, &w);
         for (int i = 0, d = lid; d < v_ne0; i++, d += LS) {
             acc[i] = acc[i] * correction + w * KV_AT(v, d, j, hv, s);
         }
-        m = m_new;
     }
     if (has_sinks) {
-        float sink = load_f32(ADDR(sinks, h, 0, 0, 0));
-        float m_new = fmax(m, sink);
-        float correction = exp(m - m_new);
-        total = total * correction + exp(sink - m_new);
+        float w, correction = online_softmax(load_f32(ADDR(sinks, h, 0, 0, 0)), &m, &total, &w);
         for (int i = 0, d = lid; d < v_ne0; i++, d += LS) acc[i] *= correction;
     }
     float inv = total > 0.0f ? 1.0f / total : 0.0f;     // a fully masked row gives 0
@@ -98,17 +103,11 @@ kernel void flash_attn_rows(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSO
         score *= scale;
         if (softcap != 0.0f) score = softcap * tanh(score);
         score += slope * mv;
-        float m_new = fmax(m, score);
-        float correction = exp(m - m_new), w = exp(score - m_new);
-        total = total * correction + w;
+        float w, correction = online_softmax(score, &m, &total, &w);
         for (int d = 0; d < v_ne0; d++) acc[d] = acc[d] * correction + w * KV_ROW_AT(vrow, v, d);
-        m = m_new;
     }
     if (has_sinks) {
-        float sink = load_f32(ADDR(sinks, h, 0, 0, 0));
-        float m_new = fmax(m, sink);
-        float correction = exp(m - m_new);
-        total = total * correction + exp(sink - m_new);
+        float w, correction = online_softmax(load_f32(ADDR(sinks, h, 0, 0, 0)), &m, &total, &w);
         for (int d = 0; d < v_ne0; d++) acc[d] *= correction;
     }
     float inv = total > 0.0f ? 1.0f / total : 0.0f;     // a fully masked row gives 0
