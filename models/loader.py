@@ -4,9 +4,10 @@ Weights whose buffer type is the CPU's are the file mapping itself: one read-onl
 ``buffer_from_host_ptr`` buffer over the whole ``mmap`` holds every one of them at its file
 offset, so loading onto the CPU copies nothing (llama.cpp's mmap buffers). Every other buffer
 type gets one context, ``alloc_ctx_tensors`` and an upload from the mapping, asynchronous on
-devices that have async copies, with a progress bar on stderr. A tied output matrix placed
-away from the token embedding gets its own copy there. Every buffer is marked WEIGHTS, which
-is what the scheduler places ops by.
+devices that have async copies, with a progress bar on stderr; a device on another host
+that has the same file reads its share there instead (``Buffer.set_from_file``). A tied
+output matrix placed away from the token embedding gets its own copy there. Every buffer is
+marked WEIGHTS, which is what the scheduler places ops by.
 
 ``close()`` (or ``with``) releases the buffers, then the file. A load that fails part-way
 closes what it made before the error propagates.
@@ -144,8 +145,11 @@ def _upload(weights: ModelWeights, progress: bool) -> None:
                disable=None if progress else True)
     try:
         for tp, t in todo:
-            data = weights.file.tensor_data(tp.source)
-            if tp.device.caps.async_:
+            info = weights.file.tensor(tp.source)
+            data = weights.file.tensor_data(info)
+            if t.buffer.set_from_file(t, data, os.path.abspath(weights.file.path), info.offset):
+                pass                 # read where it runs (a remote node's copy of the file)
+            elif tp.device.caps.async_:
                 backend = backends.get(tp.device.name)
                 if backend is None:
                     backend = backends[tp.device.name] = tp.device.init_backend()

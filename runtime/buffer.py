@@ -15,6 +15,8 @@ underscore. An optional hook falls back as below (the rule of ``polydev.hooks``)
               _memset(t, value, offset, n)    optional  a _set of n bytes of value
               _cpy(src, dst) -> bool          optional  may decline (False); else tensor_copy
                                                         stages the bytes through the host
+              _set_from_file(t, data, path, offset) -> bool
+                                              optional  False: the caller writes data itself
               _init_tensor(t), _reset()       optional  nothing
               _free()                         optional  nothing
 
@@ -178,6 +180,21 @@ class Buffer(Resource):
         """Tell caches that the bytes changed (needed after writing ``host_array`` directly)."""
         self.generation += 1
 
+    def set_from_file(self, tensor: Tensor, data: np.ndarray, path: str, offset: int) -> bool:
+        """Write ``data``, the bytes of the file at ``path`` from byte ``offset``, into
+        ``tensor`` by reading them where this buffer's memory is, when it can: a buffer on
+        another host reads that host's copy of the file, if its bytes there hash the same
+        (ggml's RPC SET_TENSOR_HASH). False when it did not; the caller then writes
+        ``data`` itself."""
+        self._check_open()
+        if not overrides(self, Buffer, "_set_from_file"):
+            return False
+        _check_range(tensor, 0, data.nbytes, "set_from_file")
+        written = self._set_from_file(tensor, data, path, offset)
+        if written:
+            self.generation += 1
+        return written
+
     def _describe(self) -> str:
         return f"buffer {self.name} ({self.size} bytes)"
 
@@ -196,6 +213,9 @@ class Buffer(Resource):
         self._set(tensor, np.full(size, value, dtype=np.uint8), offset)
 
     def _cpy(self, src: Tensor, dst: Tensor) -> bool:
+        return False
+
+    def _set_from_file(self, tensor: Tensor, data: np.ndarray, path: str, offset: int) -> bool:
         return False
 
     def _clear(self, value: int) -> None:

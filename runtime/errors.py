@@ -74,3 +74,8 @@ class TokenizerError(PolydevError, ValueError):
 
 class MissingDependencyError(PolydevError, ImportError):
     """An optional package a feature needs is not installed; the message says which extra."""
+
+
+class RemoteDeviceError(PolydevError, RuntimeError):
+    """A remote device failed to answer: its actor died, its node was lost, a call timed out,
+    or the two sides' polydev differ. The message names the device."""
