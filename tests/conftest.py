@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Callable, Sequence
 
@@ -16,10 +17,14 @@ from polydev.types import type_from_numpy
 def pytest_configure(config) -> None:
     """Build the CPU backend's compiled kernels before any test runs (a build inside a test
     with a deadline would fail it). With POLYDEV_REQUIRE_OPENCL set (CI sets it), a missing
-    OpenCL device stops the run instead of quietly skipping every OpenCL test."""
+    OpenCL device stops the run instead of quietly skipping every OpenCL test, and with
+    POLYDEV_REQUIRE_RAY a missing ray the same for the remote-device tests."""
     from polydev.backends.cpu.native import kernels
 
     kernels()
+    if os.environ.get("POLYDEV_REQUIRE_RAY") and importlib.util.find_spec("ray") is None:
+        raise pytest.UsageError("POLYDEV_REQUIRE_RAY is set but ray is not installed "
+                                "(pip install -e '.[ray]')")
     if not os.environ.get("POLYDEV_REQUIRE_OPENCL"):
         return
     reg = next((r for r in polydev.registry().regs if r.name == "OpenCL"), None)

@@ -1,0 +1,139 @@
+"""Devices on other hosts through Ray: an actor per device, the same scheduler across hosts.
+
+Registered through the ``polydev.backends`` entry point ``ray`` (extra ``ray``). It has
+devices once connected: set ``POLYDEV_RAY_ADDRESS`` (a Ray address, or "local" for a
+cluster of this machine alone) before the registry loads, or call ``connect(address)``.
+Connecting starts, on every alive node, one actor per polydev device of that node (a GPU
+takes one of Ray's GPUs, any other device ``POLYDEV_RAY_CPUS`` CPUs, 1 by default); each
+runs polydev itself with that node's backends, after both sides' polydev version and
+catalogue of ops and types were found equal. Devices are named ``ray:<node>/<device>``
+(``ray:10.0.0.2/CUDA0``) and are used like any other: buffers, backends, events, graph
+plans, the scheduler. Every wait is bounded by ``POLYDEV_RAY_TIMEOUT`` seconds, and a dead
+actor or node raises ``RemoteDeviceError`` naming the device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any, Sequence
+
+from polydev.device import Device, DeviceType, Reg
+from polydev.env import env_int, env_text
+from polydev.errors import MissingDependencyError, RemoteDeviceError
+from polydev.registry import reg_once, registry
+
+__all__ = ["connect", "disconnect", "register"]
+
+log = logging.getLogger(__name__)
+
+_NOT_CONNECTED = ("not connected: set POLYDEV_RAY_ADDRESS (an address, or \"local\") or call "
+                  "polydev.backends.ray.connect(address)")
+
+
+def _make_reg() -> Reg:
+    if importlib.util.find_spec("ray") is None:
+        return Reg("Ray", unavailable_reason="ray is not installed; pip install 'polydev[ray]'")
+    address = env_text("POLYDEV_RAY_ADDRESS")
+    if address is None:
+        return Reg("Ray", unavailable_reason=_NOT_CONNECTED)
+    return Reg("Ray", _start_devices(address, None, {}))
+
+
+register = reg_once(_make_reg)
+
+
+def connect(address: str | None = "local", devices: Sequence[str] | None = None,
+            **init_kwargs: Any) -> list[Device]:
+    """Join the Ray cluster at ``address`` ("local": start one on this machine; None: the
+    one this process already joined), start an actor per device (only the device names in
+    ``devices``, such as ["CPU", "OpenCL0"], when given) and register them. Returns the new
+    devices. ``init_kwargs`` go to ``ray.init``."""
+    found = _start_devices(address, devices, init_kwargs)
+    reg = registry().register(register())
+    for device in found:
+        reg.add_device(device)
+    reg.unavailable_reason = None if reg.devices else "no devices were found on the cluster"
+    return found
+
+
+def disconnect() -> None:
+    """Stop the actors of every Ray device and take the devices out of the registry."""
+    import ray
+
+    reg = registry().register(register())
+    for device in reg.devices:
+        ray.kill(device.actor, no_restart=True)
+    reg.devices.clear()
+    reg.unavailable_reason = _NOT_CONNECTED
+
+
+# --- starting the actors ----------------------------------------------------------------------
+
+def _start_devices(address: str | None, names: Sequence[str] | None,
+                   init_kwargs: dict) -> list[Device]:
+    try:
+        import ray
+    except ImportError as e:
+        raise MissingDependencyError(f"remote devices need ray ({e}); pip install "
+                                     f"'polydev[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=None if address == "local" else address, **init_kwargs)
+    wanted = None if names is None else {n.lower() for n in names}
+    found: list[Device] = []
+    for node in ray.nodes():
+        if node.get("Alive"):
+            found += _node_devices(ray, node, wanted)
+    log.info("Ray: %d devices on %d nodes", len(found), len(ray.nodes()))
+    return found
+
+
+def _node_devices(ray: Any, node: dict, wanted: set[str] | None) -> list[Device]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .actor import DeviceActor, node_devices
+    from .calls import wait
+
+    ip = node["NodeManagerAddress"]
+    here = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+    listed = wait(f"ray:{ip}", ray.remote(node_devices).options(
+        num_cpus=0, scheduling_strategy=here).remote(), "listing its devices")
+    cpus = env_int("POLYDEV_RAY_CPUS", 1, minimum=0)
+    devices = []
+    for entry in listed:
+        if wanted is not None and entry["name"].lower() not in wanted:
+            continue
+        gpu = entry["type"] in (int(DeviceType.GPU), int(DeviceType.IGPU))
+        actor = ray.remote(DeviceActor).options(
+            num_cpus=0 if gpu else cpus, num_gpus=1 if gpu else 0, scheduling_strategy=here,
+            max_concurrency=1).remote(entry["name"])
+        devices.append(_mirror(ip, actor))
+    return devices
+
+
+def _mirror(ip: str, actor: Any) -> Device:
+    """The driver's side of one actor, once its polydev is found to match this one."""
+    from .actor import catalogue
+    from .calls import wait
+    from .device import RayDevice
+
+    import ray
+
+    try:
+        info = wait(f"ray:{ip}", actor.info.remote(), "starting a device actor")
+        mine, theirs = catalogue(), info["catalogue"]
+        if mine != theirs:
+            differs = [f"{key}: here {_short(mine[key])}, there {_short(theirs.get(key))}"
+                       for key in mine if mine[key] != theirs.get(key)]
+            raise RemoteDeviceError(f"ray:{ip}/{info['name']}: polydev differs between this "
+                                    f"process and the node ({'; '.join(differs)})")
+    except BaseException:
+        ray.kill(actor, no_restart=True)          # an actor no device mirrors is not kept
+        raise
+    return RayDevice(ip, actor, info)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        return f"{len(value)} names ({', '.join(value[:3])}, ...)"
+    return repr(value)

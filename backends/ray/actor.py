@@ -1,0 +1,179 @@
+"""The remote side: one Ray actor owning one polydev device of its node.
+
+The actor runs polydev itself with that node's backends. It holds the device's buffers and
+one backend (its in-order stream) by the ids the driver gave them, rebuilds graphs sent as
+plain tuples (``wire.py``) once per plan, and replays a plan by id. Ray runs an actor's
+calls one at a time, in the order one caller submitted them, so the actor is a stream; an
+event of another stream arrives as an ``ObjectRef`` argument, which Ray resolves before the
+call starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DeviceActor", "catalogue"]
+
+
+def catalogue() -> dict[str, Any]:
+    """What both sides must agree on: polydev's version, its ops and its types."""
+    import polydev
+    from polydev.ops import GluOp, Op, UnaryOp
+    from polydev.types import GGMLType
+
+    return {"version": polydev.__version__, "ops": [op.name for op in Op],
+            "unary": [fn.name for fn in UnaryOp], "glu": [fn.name for fn in GluOp],
+            "types": [t.name for t in GGMLType]}
+
+
+def node_devices() -> list[dict[str, Any]]:
+    """The devices of the node this runs on (a probe task, before the actors exist)."""
+    _leave_ray_out()
+    import polydev
+
+    return [{"name": d.name, "type": int(d.type)} for d in polydev.devices()]
+
+
+def _leave_ray_out() -> None:
+    # The actor's polydev must not connect to Ray itself: only its node's own backends.
+    os.environ.pop("POLYDEV_RAY_ADDRESS", None)
+
+
+class DeviceActor:
+    """One device of this node, its buffers, its stream and its plans."""
+
+    def __init__(self, device_name: str) -> None:
+        _leave_ray_out()
+        import polydev
+
+        self.device = polydev.device(device_name)
+        self.backend = self.device.init_backend()
+        self.buffers: dict[int, Any] = {}
+        self.plans: dict[int, Any] = {}
+
+    # --- what the driver mirrors ---------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        from polydev.buffer import BufferType
+        from polydev.hooks import overrides
+
+        buft = self.device.buffer_type
+        free, total = self.device.memory()
+        return {"catalogue": catalogue(), "name": self.device.name,
+                "description": self.device.description, "type": int(self.device.type),
+                "alignment": buft.alignment, "max_size": buft.max_size,
+                "pads_tensors": overrides(buft, BufferType, "_alloc_size"),
+                "free": free, "total": total, "pid": os.getpid()}
+
+    def memory(self) -> tuple[int, int]:
+        return self.device.memory()
+
+    def alloc_size(self, fields: tuple) -> int:
+        from .wire import loose_tensor
+
+        return self.device.buffer_type.alloc_size(loose_tensor(fields))
+
+    def op_names(self) -> list[str]:
+        return self.device.supported_op_names()
+
+    def supports_op(self, node_fields: tuple) -> bool:
+        from .wire import loose_node
+
+        return self.device.supports_op(loose_node(node_fields))
+
+    # --- buffers ----------------------------------------------------------------------------------
+
+    def alloc(self, buffer_id: int, size: int) -> None:
+        self.buffers[buffer_id] = self.device.buffer_type.alloc_buffer(size)
+
+    def free(self, buffer_id: int) -> None:
+        buf = self.buffers.pop(buffer_id, None)
+        if buf is not None:
+            self.backend.synchronize()
+            buf.close()
+
+    def write(self, buffer_id: int, offset: int, data: np.ndarray, *after: Any) -> None:
+        """Bytes into a buffer (``after``: events this write waits for, already resolved)."""
+        self.backend.synchronize()
+        view = _bytes_at(self.buffers[buffer_id], offset, data.nbytes)
+        from polydev.buffer import tensor_set
+
+        tensor_set(view, data)
+
+    def write_from_file(self, buffer_id: int, offset: int, path: str, file_offset: int,
+                        size: int, digest: str) -> bool:
+        """Bytes from this node's copy of a file, if it has one whose bytes hash as the
+        driver's (blake2b); False, writing nothing, otherwise."""
+        import hashlib
+
+        try:
+            with open(path, "rb") as f:
+                f.seek(file_offset)
+                data = f.read(size)
+        except OSError:
+            return False
+        if len(data) != size or hashlib.blake2b(data, digest_size=16).hexdigest() != digest:
+            return False
+        self.write(buffer_id, offset, np.frombuffer(data, np.uint8))
+        return True
+
+    def read(self, buffer_id: int, offset: int, size: int, *after: Any) -> np.ndarray:
+        self.backend.synchronize()
+        from polydev.buffer import tensor_get
+
+        return tensor_get(_bytes_at(self.buffers[buffer_id], offset, size))
+
+    def memset(self, buffer_id: int, value: int, offset: int, size: int) -> None:
+        self.backend.synchronize()
+        from polydev.buffer import tensor_memset
+
+        tensor_memset(_bytes_at(self.buffers[buffer_id], offset, size), value)
+
+    def clear(self, buffer_id: int, value: int) -> None:
+        self.backend.synchronize()
+        self.buffers[buffer_id].clear(value)
+
+    def copy(self, src_id: int, src_offset: int, dst_id: int, dst_offset: int, size: int) -> None:
+        """Within this device (both buffers are its own)."""
+        self.backend.synchronize()
+        from polydev.buffer import tensor_copy
+
+        tensor_copy(_bytes_at(self.buffers[src_id], src_offset, size),
+                    _bytes_at(self.buffers[dst_id], dst_offset, size))
+
+    # --- compute ----------------------------------------------------------------------------------
+
+    def plan_create(self, plan_id: int, graph_fields: tuple) -> None:
+        from .wire import graph_from
+
+        graph = graph_from(graph_fields, self.buffers)
+        self.plans[plan_id] = self.backend.graph_plan_create(graph)
+
+    def plan_compute(self, plan_id: int, *after: Any) -> None:
+        self.backend.graph_plan_compute(self.plans[plan_id])
+        self.backend.synchronize()
+
+    def plan_free(self, plan_id: int) -> None:
+        plan = self.plans.pop(plan_id, None)
+        if plan is not None:
+            self.backend.graph_plan_free(plan)
+
+    def marker(self, *after: Any) -> None:
+        """A point in the stream: its ``ObjectRef`` is an event."""
+        self.backend.synchronize()
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def _bytes_at(buffer: Any, offset: int, size: int):
+    """A raw byte tensor over ``size`` bytes of ``buffer`` at ``offset``."""
+    from polydev import GGMLType, Op
+    from polydev.tensor import Tensor
+
+    t = Tensor(GGMLType.I8, (size, 1, 1, 1), (1, size, size, size), Op.NONE)
+    t.buffer, t.offset = buffer, offset
+    return t

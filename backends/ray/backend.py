@@ -1,0 +1,166 @@
+"""A remote device's stream: the calls of its actor, submitted without waiting.
+
+Writes, reads, copies and plan computes return at once with an ``ObjectRef``; ``synchronize``
+waits for all of them (within the time-out) and fills the outputs of reads. A graph goes to
+the actor once, as tuples, when its plan is made; computing the plan sends only its id. An
+event of another remote stream is passed as an argument of this stream's next call, so Ray
+makes the actor wait for it and the driver never blocks. A copy from another remote device
+goes actor to actor through the object store.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from polydev.buffer import as_bytes, host_bytes, tensor_get, tensor_set
+from polydev.device import Backend, Event, GraphPlan
+from polydev.errors import RemoteDeviceError
+from polydev.ops import VIEW_OPS, Op
+from polydev.tensor import Tensor
+
+from .wire import graph_fields
+
+if TYPE_CHECKING:
+    from .device import RayDevice
+
+_plan_ids = itertools.count(1)
+
+
+class RayGraphPlan(GraphPlan):
+    """A plan whose calls live on the actor, under ``remote_id``."""
+
+    def __init__(self, backend: "RayBackend", graph, remote_id: int) -> None:
+        super().__init__(backend, graph, [])
+        self.remote_id = remote_id
+
+
+class RayBackend(Backend):
+    """The in-order stream of one remote device (its actor runs one call at a time)."""
+
+    def __init__(self, device: "RayDevice") -> None:
+        super().__init__(device)
+        self.actor = device.actor
+        self._pending: list[Any] = []         # refs of submitted calls
+        self._reads: dict[Any, np.ndarray] = {}   # ref of a read -> where its bytes go
+        self._waits: list[Any] = []           # event refs the next call waits for
+        self._last: Any = None                # the last call's ref (what an event marks)
+
+    # --- submitting -----------------------------------------------------------------------------
+
+    def _after(self) -> list[Any]:
+        waits, self._waits = self._waits, []
+        return waits
+
+    def _submit(self, ref: Any) -> Any:
+        self._pending.append(ref)
+        self._last = ref
+        return ref
+
+    def _remote_id(self, t: Tensor) -> int | None:
+        """The actor's id of the buffer ``t`` is in, or None where it is not this device's."""
+        from .device import RayBuffer
+
+        buf = t.buffer
+        return buf.remote_id if isinstance(buf, RayBuffer) and buf.device is self.device else None
+
+    # --- data movement --------------------------------------------------------------------------
+
+    def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
+        buffer_id = self._remote_id(t)
+        if buffer_id is None:                 # memory of another kind: the blocking path
+            self.synchronize()
+            tensor_set(t, data, offset)
+            return
+        # Ray serialises the bytes when the call is made, so ``data`` may change afterwards
+        self._submit(self.actor.write.remote(buffer_id, t.offset + offset, as_bytes(data),
+                                             *self._after()))
+
+    def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+        buffer_id = self._remote_id(t)
+        if buffer_id is None:
+            self.synchronize()
+            tensor_get(t, offset, out.nbytes, out)
+            return
+        ref = self._submit(self.actor.read.remote(buffer_id, t.offset + offset, out.nbytes,
+                                                  *self._after()))
+        self._reads[ref] = out
+
+    def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
+        """Into this device from another remote device (actor to actor) or from host memory
+        (sent once from here); anything else takes the generic path."""
+        from .device import RayBuffer
+
+        buffer_id = self._remote_id(dst)
+        source = src.buffer
+        if buffer_id is None or source is None:
+            return False
+        if isinstance(source, RayBuffer):
+            waits = backend_src._after() if isinstance(backend_src, RayBackend) else []
+            data = source.device.actor.read.remote(source.remote_id, src.offset, src.nbytes,
+                                                   *waits)
+        elif source.is_host:
+            backend_src.synchronize()
+            data = host_bytes(src)
+        else:
+            return False
+        self._submit(self.actor.write.remote(buffer_id, dst.offset, data, *self._after()))
+        return True
+
+    def _synchronize(self) -> None:
+        if self._waits:
+            self._submit(self.actor.marker.remote(*self._after()))
+        pending, self._pending = self._pending, []
+        reads, self._reads = self._reads, {}
+        if not pending:
+            return
+        results = self.device.call(pending, "the work queued on its stream")
+        for ref, result in zip(pending, results):
+            out = reads.get(ref)
+            if out is not None:
+                out.reshape(-1).view(np.uint8)[:] = result
+
+    # --- compute --------------------------------------------------------------------------------
+
+    def _graph_plan_create(self, graph) -> GraphPlan:
+        # views of other devices' tensors compute nothing and stay here (as in a ggml split)
+        nodes = [n for n in graph.nodes
+                 if (n.op not in VIEW_OPS and n.op != Op.NONE) or self._remote_id(n) is not None]
+        plan_id = next(_plan_ids)
+        self._submit(self.actor.plan_create.remote(plan_id, graph_fields(nodes,
+                                                                         self._remote_id)))
+        return RayGraphPlan(self, graph, plan_id)
+
+    def _graph_plan_compute(self, plan: RayGraphPlan) -> None:   # type: ignore[override]
+        self._submit(self.actor.plan_compute.remote(plan.remote_id, *self._after()))
+
+    def _graph_plan_free(self, plan: RayGraphPlan) -> None:      # type: ignore[override]
+        if not self.closed:
+            self._submit(self.actor.plan_free.remote(plan.remote_id))
+
+    def _graph_compute(self, graph) -> None:
+        plan = self._graph_plan_create(graph)
+        self._graph_plan_compute(plan)
+        self._graph_plan_free(plan)
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def _event_record(self, event: Event) -> None:
+        if self._last is None or self._waits:
+            self._submit(self.actor.marker.remote(*self._after()))
+        event.ref = self._last
+
+    def _event_wait(self, event: Event) -> None:
+        if event.ref is not None:
+            self._waits.append(event.ref)
+
+    def _free(self) -> None:
+        try:                                  # closing waits for the stream's work, as ggml
+            self._synchronize()
+        except RemoteDeviceError:
+            pass                              # a lost device has no work left to wait for
+        self._pending.clear()
+        self._reads.clear()
+        self._waits.clear()

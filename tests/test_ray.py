@@ -1,0 +1,272 @@
+"""Remote devices through Ray, on a local cluster of this machine: two actors, each owning a
+device of this node (the CPU backend's device, and an OpenCL device where PoCL has one),
+used through the same contract as local devices and checked against local runs.
+
+The cluster starts once for the module (2 CPUs, a small object store). The last test kills
+an actor; every test before it uses both devices.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="remote devices need the ray extra")
+
+import polydev  # noqa: E402
+from polydev import (BufferUsage, Context, GGMLType, alloc_ctx_tensors, build_graph,  # noqa: E402
+                     ops, tensor_copy)
+from polydev.buffer import tensor_memset  # noqa: E402
+from polydev.errors import OutOfBoundsError, RemoteDeviceError  # noqa: E402
+from polydev.sched import Scheduler  # noqa: E402
+
+from model_files import FIXTURES, SMOLLM2, model_path  # noqa: E402
+
+pytestmark = pytest.mark.ray
+K = 64
+
+
+@pytest.fixture(scope="module")
+def remote():
+    """The remote devices: [the CPU backend's device, OpenCL0 or None]."""
+    from polydev.backends import ray as polydev_ray
+
+    local_opencl = any(d.name == "OpenCL0" for d in polydev.devices())
+    wanted = ["CPU", "OpenCL0"] if local_opencl else ["CPU"]
+    devices = polydev_ray.connect("local", devices=wanted, num_cpus=2,
+                                  object_store_memory=256 << 20, include_dashboard=False,
+                                  log_to_driver=False)
+    by_name = {d.remote_name: d for d in devices}
+    yield [by_name["CPU"], by_name.get("OpenCL0")]
+    polydev_ray.disconnect()
+    ray.shutdown()
+
+
+def _remote_pair(remote):
+    if remote[1] is None:
+        pytest.skip("needs an OpenCL device on the node for a second remote device")
+    return remote
+
+
+# --- the devices ------------------------------------------------------------------------------
+
+def test_remote_devices_are_named_listed_and_described(remote, capsys):
+    cpu = remote[0]
+    node = ray.nodes()[0]["NodeManagerAddress"]
+    assert cpu.name == f"ray:{node}/CPU"
+    assert polydev.device(cpu.name) is cpu
+    props = cpu.props()
+    assert props.caps.async_ and props.caps.events and not props.caps.host_buffer
+    free, total = cpu.memory()
+    assert 0 < free <= total
+    assert cpu.buffer_type.alignment == polydev.device("CPU").buffer_type.alignment
+    assert polydev.registry().best_device().name == "CPU"     # remote never becomes "best"
+    from polydev.tools.cli import main
+    assert main(["devices"]) == 0
+    assert cpu.name in capsys.readouterr().out
+
+
+def test_buffers_set_get_memset_clear_and_copy_actor_to_actor(remote, rng):
+    a_dev, b_dev = _remote_pair(remote)
+    values = rng.standard_normal(1000).astype(np.float32)
+    ctx_a, ctx_b, ctx_h = Context(), Context(), Context()
+    a = ctx_a.new_tensor(GGMLType.F32, (1000,), "a")
+    b = ctx_b.new_tensor(GGMLType.F32, (1000,), "b")
+    h = ctx_h.new_tensor(GGMLType.F32, (1000,), "h")
+    with alloc_ctx_tensors(ctx_a, a_dev.buffer_type) as buf_a, \
+            alloc_ctx_tensors(ctx_b, b_dev.buffer_type), \
+            alloc_ctx_tensors(ctx_h, polydev.device("CPU").buffer_type):
+        a.set_data(values)
+        np.testing.assert_array_equal(a.numpy().ravel(), values)
+        tensor_memset(a, 0, 8, 8)
+        assert list(a.numpy().ravel()[2:4]) == [0, 0]
+        a.set_data(values)
+        tensor_copy(a, b)                          # remote to remote: actor to actor
+        tensor_copy(b, h)                          # remote to host
+        np.testing.assert_array_equal(h.numpy().ravel(), values)
+        buf_a.clear(0)
+        assert not a.numpy().any()
+
+
+def test_async_copies_and_events_order_two_remote_streams(remote, rng):
+    a_dev, b_dev = _remote_pair(remote)
+    ctx_a, ctx_b = Context(), Context()
+    x = ctx_a.new_tensor(GGMLType.F32, (K, 4), "x")
+    doubled = ops.scale(ctx_a, x, 2.0)
+    y = ctx_b.new_tensor(GGMLType.F32, (K, 4), "y")
+    with alloc_ctx_tensors(ctx_a, a_dev.buffer_type), \
+            alloc_ctx_tensors(ctx_b, b_dev.buffer_type), \
+            a_dev.init_backend() as sa, b_dev.init_backend() as sb:
+        values = rng.standard_normal((4, K)).astype(np.float32)
+        sa.set_tensor_async(x, values)
+        sa.graph_compute_async(build_graph(doubled))
+        event = a_dev.event_new()
+        event.record(sa)
+        event.wait(sb)                              # the driver does not block here
+        polydev.tensor_copy_async(sa, sb, doubled, y)
+        out = np.empty((4, K), np.float32)
+        sb.get_tensor_async(y, out)
+        sb.synchronize()
+        np.testing.assert_array_equal(out, 2 * values)
+        event.close()
+
+
+def test_a_remote_error_is_raised_as_the_same_polydev_error(remote):
+    cpu = remote[0]
+    ctx = Context()
+    table = ctx.new_tensor(GGMLType.F32, (K, 4), "table")
+    idx = ctx.new_tensor(GGMLType.I32, (2,), "idx")
+    rows = ops.get_rows(ctx, table, idx)
+    with alloc_ctx_tensors(ctx, cpu.buffer_type), cpu.init_backend() as backend:
+        table.set_data(np.zeros((4, K), np.float32))
+        idx.set_data(np.int32([0, 9]))
+        with pytest.raises(OutOfBoundsError):
+            backend.graph_compute(build_graph(rows))
+
+
+# --- the compare catalogue, the scheduler and a model ----------------------------------------
+
+SAMPLE_OPS = {"ADD", "MUL", "SCALE", "RMS_NORM", "SOFT_MAX", "ROPE", "GET_ROWS", "SET_ROWS",
+              "CPY", "SWIGLU", "MUL_MAT", "FLASH_ATTN_EXT"}
+
+
+def test_a_sample_of_the_catalogue_agrees_with_the_local_cpu(remote):
+    """Every 24th case of a dozen ops, on each remote device against the local CPU backend
+    (the whole catalogue runs locally on every device in test_compare)."""
+    from polydev.tools.compare.catalogue import eval_cases
+    from polydev.tools.compare.runner import Status, run_test
+
+    cases = [c for c in eval_cases() if c.op in SAMPLE_OPS][::24]
+    rng = np.random.default_rng(3)
+    for device in filter(None, remote):
+        with device.init_backend() as backend, polydev.init_backend("CPU") as cpu:
+            results = [run_test(case, backend, cpu, rng) for case in cases]
+        failed = [f"{r.case_name}: {r.error_message}" for r in results if r.status == Status.FAIL]
+        assert not failed, f"{device.name}: " + "\n".join(failed[:10])
+        ran = {r.op_name for r in results if r.status == Status.OK}
+        assert len(ran) >= 10 and sum(r.status == Status.OK for r in results) >= 50
+
+
+def _weights(backend, name, values):
+    ctx = Context()
+    t = ctx.new_tensor(GGMLType.F32, values.shape[::-1], name)
+    buf = alloc_ctx_tensors(ctx, backend)
+    buf.usage = BufferUsage.WEIGHTS
+    t.set_data(values)
+    return buf, t
+
+
+def test_the_scheduler_splits_weights_over_two_remote_devices_and_the_cpu(remote, rng):
+    """Layer i's weight lives on device i; the split graph gives the local result."""
+    a_dev, b_dev = _remote_pair(remote)
+    ws = rng.standard_normal((3, K, K)).astype(np.float32) / 8
+    xv = rng.standard_normal((5, K)).astype(np.float32)
+    backends = [a_dev.init_backend(), b_dev.init_backend(), polydev.init_backend("CPU")]
+    made = [_weights(be, f"w{i}", w) for i, (be, w) in enumerate(zip(backends, ws))]
+    try:
+        with Scheduler(backends) as sched:
+            ctx = Context()
+            x = ctx.new_tensor(GGMLType.F32, (K, 5), "x").set_input()
+            h = x
+            for _, w in made:
+                h = ops.silu(ctx, ops.mul_mat(ctx, w, h))
+            h.set_output()
+            graph = build_graph(h)
+            sched.alloc_graph(graph)
+            for _ in range(2):                      # the second time replays the plans
+                x.set_data(xv)                      # (the allocator reuses inputs' memory)
+                assert sched.compute(graph)
+                want = xv
+                for w in ws:
+                    z = want @ w.T
+                    want = z / (1 + np.exp(-z))
+                np.testing.assert_allclose(h.numpy()[0, 0], want, rtol=1e-4, atol=1e-5)
+            assert sched.n_splits == 3
+            assert [sched.placement(n)[0] for n in graph.nodes[::2]] == [
+                a_dev.name, b_dev.name, "CPU"]
+    finally:
+        for buf, _ in made:
+            buf.close()
+        for be in backends:
+            be.close()
+
+
+def test_a_model_with_layers_on_a_remote_device_gives_the_greedy_ids(remote, monkeypatch):
+    """SmolLM2 with 12 layers on the remote CPU device: its weights are read from the node's
+    own copy of the file (this machine's), and the greedy ids are the local run's."""
+    pytest.importorskip("gguf")
+    from polydev.backends.ray.device import RayBuffer
+    from polydev.models import load
+
+    read_there = []
+    real = RayBuffer._set_from_file
+
+    def counted(self, tensor, data, path, offset):
+        read_there.append(real(self, tensor, data, path, offset))
+        return read_there[-1]
+
+    monkeypatch.setattr(RayBuffer, "_set_from_file", counted)
+
+    path = model_path(SMOLLM2)
+    expected = json.loads(FIXTURES.read_text())["models"][SMOLLM2]["generate"][0]
+    prompt, n = expected["prompt_ids"], 8
+    with load(path, devices=[], n_ctx=256, progress=False) as local:
+        "".join(local.generate(prompt, n, temperature=0))
+        want = list(local.generated)
+    with load(path, devices=[remote[0].name], n_gpu_layers=12, n_ctx=256,
+              progress=False) as split:
+        assert [b.device.name for b in split.evaluator.backends] == [remote[0].name, "CPU"]
+        assert read_there and all(read_there)
+        "".join(split.generate(prompt, n, temperature=0))
+        assert list(split.generated) == want
+
+
+# --- faults -------------------------------------------------------------------------------------
+
+def test_a_node_with_another_polydev_is_refused_saying_what_differs(remote, monkeypatch):
+    from polydev.backends import ray as polydev_ray
+    from polydev.backends.ray import actor
+
+    real = actor.catalogue()
+    monkeypatch.setattr(actor, "catalogue", lambda: {**real, "version": "0.0.1"})
+    monkeypatch.setenv("POLYDEV_RAY_CPUS", "0")       # the cluster's CPUs are taken
+    before = [d.name for d in polydev.devices()]
+    with pytest.raises(RemoteDeviceError, match=r"/CPU: polydev differs between this process "
+                                                r"and the node \(version: here '0.0.1', there "):
+        polydev_ray.connect(None, devices=["CPU"])
+    assert [d.name for d in polydev.devices()] == before
+
+
+
+def _wait_until_dead(actor, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the killed actor still answers")
+
+
+def test_a_killed_actor_is_a_typed_error_naming_the_device_and_the_rest_works(remote,
+                                                                              monkeypatch):
+    victim = remote[1] or remote[0]
+    survivor = remote[0] if remote[1] is not None else None
+    monkeypatch.setenv("POLYDEV_RAY_TIMEOUT", "20")
+    ray.kill(victim.actor, no_restart=True)
+    _wait_until_dead(victim.actor)                  # ray.kill returns before the actor is gone
+    start = time.perf_counter()
+    with pytest.raises(RemoteDeviceError, match=f"{victim.name}: its actor is gone"):
+        victim.memory()
+    assert time.perf_counter() - start < 20
+    ctx = Context()
+    ctx.new_tensor(GGMLType.F32, (16,), "t")
+    with pytest.raises(RemoteDeviceError, match=victim.name):
+        alloc_ctx_tensors(ctx, victim.buffer_type)
+    if survivor is not None:
+        assert survivor.memory()[1] > 0
+    assert polydev.device("CPU").memory()[1] > 0
