@@ -18,7 +18,7 @@ import importlib.util
 import logging
 from typing import Any, Sequence
 
-from polydev.device import Device, DeviceType, Reg
+from polydev.device import Device, Reg
 from polydev.env import env_int, env_text
 from polydev.errors import MissingDependencyError, RemoteDeviceError
 from polydev.registry import reg_once, registry
@@ -99,15 +99,22 @@ def _node_devices(ray: Any, node: dict, wanted: set[str] | None) -> list[Device]
     listed = wait(f"ray:{ip}", ray.remote(node_devices).options(
         num_cpus=0, scheduling_strategy=here).remote(), "listing its devices")
     cpus = env_int("POLYDEV_RAY_CPUS", 1, minimum=0)
+    # (the device's name inside its actor, Ray's CPUs, Ray's GPUs): the probe's devices
+    # (it holds no GPU, so it sees none), then one CUDA actor per GPU of the node, which
+    # sees its GPU as CUDA0
+    owned = [(e["name"], cpus, 0) for e in listed if not e["name"].startswith("CUDA")
+             and (wanted is None or e["name"].lower() in wanted)]
+    owned += [("CUDA0", 0, 1)] * int(node.get("Resources", {}).get("GPU", 0))
     devices = []
-    for entry in listed:
-        if wanted is not None and entry["name"].lower() not in wanted:
-            continue
-        gpu = entry["type"] in (int(DeviceType.GPU), int(DeviceType.IGPU))
+    for name, n_cpus, n_gpus in owned:
         actor = ray.remote(DeviceActor).options(
-            num_cpus=0 if gpu else cpus, num_gpus=1 if gpu else 0, scheduling_strategy=here,
-            max_concurrency=1).remote(entry["name"])
-        devices.append(_mirror(ip, actor))
+            num_cpus=n_cpus, num_gpus=n_gpus, scheduling_strategy=here,
+            max_concurrency=1).remote(name)
+        device = _mirror(ip, actor)
+        if n_gpus and wanted is not None and device.remote_name.lower() not in wanted:
+            ray.kill(actor, no_restart=True)
+            continue
+        devices.append(device)
     return devices
 
 

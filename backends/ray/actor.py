@@ -30,7 +30,9 @@ def catalogue() -> dict[str, Any]:
 
 
 def node_devices() -> list[dict[str, Any]]:
-    """The devices of the node this runs on (a probe task, before the actors exist)."""
+    """The devices of the node this runs on (a probe task, before the actors exist). The
+    probe holds no GPU, so Ray hides the node's GPUs from it: they are counted from the
+    node's resources instead."""
     _leave_ray_out()
     import polydev
 
@@ -62,11 +64,21 @@ class DeviceActor:
 
         buft = self.device.buffer_type
         free, total = self.device.memory()
-        return {"catalogue": catalogue(), "name": self.device.name,
+        return {"catalogue": catalogue(), "name": self._public_name(),
                 "description": self.device.description, "type": int(self.device.type),
                 "alignment": buft.alignment, "max_size": buft.max_size,
                 "pads_tensors": overrides(buft, BufferType, "_alloc_size"),
                 "free": free, "total": total, "pid": os.getpid()}
+
+    def _public_name(self) -> str:
+        """The device's name on its node: a GPU actor sees only the GPU Ray gave it (as
+        CUDA0), so it is named by that GPU's id on the node."""
+        import ray
+
+        gpus = ray.get_gpu_ids()
+        if self.device.name == "CUDA0" and len(gpus) == 1:
+            return f"CUDA{gpus[0]}"
+        return self.device.name
 
     def memory(self) -> tuple[int, int]:
         return self.device.memory()
