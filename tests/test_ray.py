@@ -241,6 +241,16 @@ def test_a_node_with_another_polydev_is_refused_saying_what_differs(remote, monk
 
 
 
+def test_connecting_again_keeps_one_device_per_name(remote, monkeypatch):
+    from polydev.backends import ray as polydev_ray
+
+    monkeypatch.setenv("POLYDEV_RAY_CPUS", "0")       # the cluster's CPUs are taken
+    before = [d.name for d in polydev.devices()]
+    assert polydev_ray.connect(None, devices=["CPU"]) == []
+    assert [d.name for d in polydev.devices()] == before
+    assert remote[0].memory()[1] > 0                  # the first actor still serves it
+
+
 def _wait_until_dead(actor, seconds: float = 30.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

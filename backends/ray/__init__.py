@@ -48,13 +48,19 @@ def connect(address: str | None = "local", devices: Sequence[str] | None = None,
     """Join the Ray cluster at ``address`` ("local": start one on this machine; None: the
     one this process already joined), start an actor per device (only the device names in
     ``devices``, such as ["CPU", "OpenCL0"], when given) and register them. Returns the new
-    devices. ``init_kwargs`` go to ``ray.init``."""
+    devices (a device connected before stays as it was). ``init_kwargs`` go to ``ray.init``."""
+    import ray
+
     found = _start_devices(address, devices, init_kwargs)
     reg = registry().register(register())
+    known = {d.name for d in reg.devices}
     for device in found:
+        if device.name in known:              # connected before: the first actor stays
+            ray.kill(device.actor, no_restart=True)
+            continue
         reg.add_device(device)
     reg.unavailable_reason = None if reg.devices else "no devices were found on the cluster"
-    return found
+    return [d for d in found if d in reg.devices]
 
 
 def disconnect() -> None:
