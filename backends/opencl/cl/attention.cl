@@ -31,11 +31,7 @@ kernel void flash_attn(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSOR(sin
     int lid = get_local_id(0), iq = get_global_id(1), hs = get_global_id(2);
     int n_head = q_ne2, h = hs % n_head, s = hs / n_head;
     int hk = h / (n_head / k_ne2), hv = h / (n_head / v_ne2);
-    float slope = 1.0f;
-    if (max_bias > 0.0f) {
-        slope = h < n_head_log2 ? pow(m0, (float) (h + 1))
-                                : pow(m1, (float) (2 * (h - n_head_log2) + 1));
-    }
+    float slope = alibi_slope(h, max_bias, m0, m1, n_head_log2);
     float acc[DV_PER_ITEM];
     for (int i = 0; i < DV_PER_ITEM; i++) acc[i] = 0.0f;
     float m = -INFINITY, total = 0.0f;
@@ -84,11 +80,7 @@ kernel void flash_attn_rows(TENSOR(q), TENSOR(k), TENSOR(v), TENSOR(mask), TENSO
     if (iq >= q_ne1) return;
     int n_head = q_ne2, h = hs % n_head, s = hs / n_head;
     int hk = h / (n_head / k_ne2), hv = h / (n_head / v_ne2);
-    float slope = 1.0f;
-    if (max_bias > 0.0f) {
-        slope = h < n_head_log2 ? pow(m0, (float) (h + 1))
-                                : pow(m1, (float) (2 * (h - n_head_log2) + 1));
-    }
+    float slope = alibi_slope(h, max_bias, m0, m1, n_head_log2);
     float acc[DV_ROWS_MAX], qv[DV_ROWS_MAX];
     for (int d = 0; d < v_ne0; d++) acc[d] = 0.0f;
     for (int d = 0; d < q_ne0; d++) qv[d] = load_f32(ADDR(q, d, iq, h, s));

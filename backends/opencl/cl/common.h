@@ -319,6 +319,13 @@ inline void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 *
 #endif
 #endif
 
+// ALiBi's slope of head h (1 without ALiBi), as ggml computes it (SOFT_MAX, attention).
+inline float alibi_slope(int h, float max_bias, float m0, float m1, int n_head_log2) {
+    if (max_bias <= 0.0f) return 1.0f;
+    return h < n_head_log2 ? pow(m0, (float) (h + 1))
+                           : pow(m1, (float) (2 * (h - n_head_log2) + 1));
+}
+
 // --- work-group reductions (LS work-items, a power of two) --------------------------------
 
 #ifndef LS

@@ -86,11 +86,7 @@ kernel void soft_max(TENSOR(src0), TENSOR(mask), TENSOR(sinks), TENSOR(dst), flo
                      int has_sinks) {
     local float buf[LS];
     ROW_INDICES
-    float slope = 1.0f;
-    if (max_bias > 0.0f) {
-        slope = i2 < n_head_log2 ? pow(m0, (float) (i2 + 1))
-                                 : pow(m1, (float) (2 * (i2 - n_head_log2) + 1));
-    }
+    float slope = alibi_slope(i2, max_bias, m0, m1, n_head_log2);
     int n = src0_ne0;
     float mx = -INFINITY;
     for (int i0 = lid; i0 < n; i0 += LS) {
