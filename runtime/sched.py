@@ -423,8 +423,10 @@ class Scheduler(Resource):
     def _run(self, k: int, backend: Backend) -> bool:
         graph, originals = self._step.graphs[k], self._step.originals[k]
         if self._callback is None:
-            nbytes = sum(n.nbytes for n in graph.nodes)
-            self._record("compute", f"split {k}", backend, nbytes,
+            if self._trace is None:             # the replay path: nothing but the plan
+                self._compute_planned(k, backend, graph)
+                return True
+            self._record("compute", f"split {k}", backend, sum(n.nbytes for n in graph.nodes),
                          lambda: self._compute_planned(k, backend, graph))
             return True
         cb, n, j0 = self._callback, graph.n_nodes, 0
