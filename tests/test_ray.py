@@ -226,6 +226,20 @@ def test_a_model_with_layers_on_a_remote_device_gives_the_greedy_ids(remote, mon
 
 # --- faults -------------------------------------------------------------------------------------
 
+def test_without_ray_connecting_says_which_extra_to_install():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from polydev.backends import ray as r\n"
+            "from polydev.errors import MissingDependencyError\n"
+            "try:\n    r.connect('local')\nexcept MissingDependencyError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "pip install 'polydev[ray]'" in out
+
+
+
 def test_a_node_with_another_polydev_is_refused_saying_what_differs(remote, monkeypatch):
     from polydev.backends import ray as polydev_ray
     from polydev.backends.ray import actor

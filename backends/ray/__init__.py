@@ -49,9 +49,9 @@ def connect(address: str | None = "local", devices: Sequence[str] | None = None,
     one this process already joined), start an actor per device (only the device names in
     ``devices``, such as ["CPU", "OpenCL0"], when given) and register them. Returns the new
     devices (a device connected before stays as it was). ``init_kwargs`` go to ``ray.init``."""
+    found = _start_devices(address, devices, init_kwargs)     # MissingDependencyError first
     import ray
 
-    found = _start_devices(address, devices, init_kwargs)
     reg = registry().register(register())
     known = {d.name for d in reg.devices}
     for device in found:
