@@ -1,4 +1,4 @@
-"""Where polydev keeps what it derives once and reuses: built tokenizers, the default model."""
+"""Where polydev keeps what it derives once and reuses: the default model."""
 
 from __future__ import annotations
 

@@ -8,10 +8,9 @@ encoded by the vocabulary's own model:
 - ``tokenizer.ggml.model == "llama"`` (SentencePiece): llama.cpp's merge-by-score algorithm
   over the token scores (``polydev.models.spm``), with spaces escaped as U+2581 and, with
   ``add_space_prefix``, one prepended to the text at its start and after each special token.
-- ``"gpt2"``: a ``tokenizers.Tokenizer`` (Rust): byte-level BPE with the file's merges and
-  llama.cpp's pre-tokenizer regexes for ``tokenizer.ggml.pre``
-  (``polydev.models.pretokenizers``). It is built once per distinct vocabulary and then read
-  from a cache on disk, keyed by a hash of the file's metadata (``POLYDEV_CACHE_DIR``).
+- ``"gpt2"``: llama.cpp's byte-level BPE over the file's merges (``polydev.models.bpe``),
+  after llama.cpp's pre-tokenizer regexes for ``tokenizer.ggml.pre``
+  (``polydev.models.pretokenizers``).
 
 Decoding follows llama.cpp's ``token_to_piece``/``detokenize`` over a table of per-token
 bytes, so streaming a token at a time gives the same bytes as decoding the whole list.
@@ -19,12 +18,9 @@ bytes, so streaming a token at a time gives the same bytes as decoding the whole
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -32,7 +28,7 @@ from gguf import TokenType
 
 from polydev.errors import TokenizerError
 
-from .cache import cache_dir, write_atomic
+from .bpe import ByteLevelBPE, byte_level_decode
 from .gguf import GGUFFile, StringArray
 from .pretokenizers import PreTokenizer, pre_tokenizer
 from .special_split import SpecialTokenSplitter
@@ -43,10 +39,7 @@ __all__ = ["Tokenizer", "Vocab"]
 
 log = logging.getLogger(__name__)
 
-# Bump when the built tokenizer changes for the same file, so stale cache entries are ignored.
-_BUILD_VERSION = 6
 _SPACE = "\u2581"        # SentencePiece's escaped space
-_MISSING = "\u0000polydev:missing\u0000"   # byte-level BPE: a character not in the vocabulary
 
 # Texts llama.cpp treats as end of generation (and forces to control type).
 _EOG_TEXTS = frozenset([
@@ -74,23 +67,6 @@ _SPECIAL_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN)
 _MODELS = ("llama", "gpt2")
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map of bytes to printable characters (byte-level BPE)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    mapping, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
-
-
 @dataclass
 class Vocab:
     """What a GGUF file says about its vocabulary, with llama.cpp's defaults filled in."""
@@ -99,7 +75,7 @@ class Vocab:
     tokens: TokenTexts
     types: np.ndarray              # gguf.TokenType per token
     scores: np.ndarray | None
-    merges: list[str]
+    merges: StringArray | list[str]   # byte-level BPE: "left right", by rank
     pre: PreTokenizer | None
     bos_id: int | None
     eos_id: int | None
@@ -151,7 +127,7 @@ class Vocab:
             pre = pre_tokenizer(pre_name)
             if pre is None:
                 raise TokenizerError(f"{f.path}: pre-tokenizer {pre_name!r} is not supported")
-            merges = _strings(f, "tokenizer.ggml.merges").tolist()
+            merges = _strings(f, "tokenizer.ggml.merges")
             defaults = dict(bos=11, eos=11, add_bos=bool(pre.add_bos),
                             space_prefix=False, clean=pre.clean_spaces)
         special = {name: _token_id(f, f"tokenizer.ggml.{name}_token_id", defaults.get(name), n)
@@ -180,9 +156,9 @@ class Vocab:
 class Tokenizer:
     """llama.cpp's tokenizer for one GGUF vocabulary (see the module docstring)."""
 
-    def __init__(self, vocab: Vocab, backend) -> None:
+    def __init__(self, vocab: Vocab, backend: SentencePieceEncoder | ByteLevelBPE) -> None:
         """``backend`` encodes one run of plain text: a ``SentencePieceEncoder`` for a
-        SentencePiece vocabulary, a ``tokenizers.Tokenizer`` for a byte-level BPE one."""
+        SentencePiece vocabulary, a ``ByteLevelBPE`` for a byte-level BPE one."""
         self.vocab = vocab
         self._backend = backend
         self._splitter = SpecialTokenSplitter(vocab.tokens, vocab.types)
@@ -191,23 +167,13 @@ class Tokenizer:
     # --- construction ---------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile, cache: bool = True) -> "Tokenizer":
-        """The tokenizer of ``f``. A byte-level BPE one is built once per distinct vocabulary
-        and then read from the cache (``cache=False`` always builds)."""
+    def from_gguf(cls, f: GGUFFile) -> "Tokenizer":
+        """The tokenizer of ``f``."""
         vocab = Vocab.from_gguf(f)
         _check_unique(vocab.tokens)
         if vocab.model == "llama":
             return cls(vocab, SentencePieceEncoder(vocab.tokens, vocab.scores))
-        path = _cache_path(f) if cache else None
-        backend = _load_cached(path) if path is not None else None
-        if backend is None:
-            start = time.perf_counter()
-            backend = _build_bpe(vocab)
-            log.info("built the %s tokenizer of %s (%d tokens) in %.2f s", vocab.model, f.path,
-                     len(vocab), time.perf_counter() - start)
-            if path is not None:
-                _store(path, backend)
-        return cls(vocab, backend)
+        return cls(vocab, ByteLevelBPE(vocab.tokens, vocab.merges, vocab.pre))
 
     # --- properties -----------------------------------------------------------------------
 
@@ -260,13 +226,11 @@ class Tokenizer:
         if self.vocab.model == "llama":
             return self._encode_sentencepiece(parts)
         out: list[int] = []
-        missing = self.n_vocab         # a character the vocabulary lacks (see _build_bpe)
         for part in parts:
             if isinstance(part, int):
                 out.append(part)
             else:
-                out += [i for i in self._backend.encode(part, add_special_tokens=False).ids
-                        if i != missing]
+                out += self._backend.encode(part)
         return out
 
     def _encode_sentencepiece(self, parts: list[str | int]) -> list[int]:
@@ -402,7 +366,7 @@ def _is_phi3(f: GGUFFile) -> bool:
     return "phi-3" in name or "phi3" in name
 
 
-# --- building the byte-level BPE ----------------------------------------------------------
+# --- checking the vocabulary ---------------------------------------------------------------
 
 def _check_unique(tokens: TokenTexts) -> None:
     """llama.cpp asserts that no token text is listed twice."""
@@ -412,39 +376,6 @@ def _check_unique(tokens: TokenTexts) -> None:
         raise TokenizerError(f"the vocabulary lists the token {dup!r} twice")
 
 
-def _build_bpe(vocab: Vocab):
-    """The byte-level BPE of a "gpt2" vocabulary; special tokens are split out before it."""
-    from tokenizers import Regex
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import pre_tokenizers
-    from tokenizers.models import BPE
-
-    ids = {t: i for i, t in enumerate(vocab.tokens)}
-    # A character the vocabulary lacks stays a symbol of its own in llama.cpp: it blocks
-    # merges across it and is then dropped. An "unknown" token one past the vocabulary does
-    # the same here (encode drops its id).
-    merges = _file_merges(vocab, ids)
-    ids[_MISSING] = len(vocab.tokens)
-    hf = HFTokenizer(BPE(vocab=ids, merges=merges, unk_token=_MISSING, fuse_unk=False,
-                         ignore_merges=vocab.pre.ignore_merges))
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in vocab.pre.regexes]
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    return hf
-
-
-def _file_merges(vocab: Vocab, ids: dict[str, int]) -> list[tuple[str, str]]:
-    merges = []
-    for rank, merge in enumerate(vocab.merges):
-        cut = merge.find(" ", 1)          # llama.cpp splits at the first space after pos 0
-        if cut < 0:
-            raise TokenizerError(f"merge #{rank} {merge!r} has no space between its two parts")
-        left, right = merge[:cut], merge[cut + 1:]
-        if left in ids and right in ids and left + right in ids:
-            merges.append((left, right))
-    return merges
-
-
 # --- decoding ---------------------------------------------------------------------------
 
 def _piece(vocab: Vocab, token: int, special: bool) -> bytes:
@@ -452,20 +383,15 @@ def _piece(vocab: Vocab, token: int, special: bool) -> bytes:
     Computed per call: a table of every piece held about 14 MiB for a 262k vocabulary."""
     text, kind = vocab.tokens[token], vocab.types[token]
     if kind == TokenType.NORMAL:
-        return _byte_level_decode(text) if vocab.model == "gpt2" else text.replace(
+        return byte_level_decode(text) if vocab.model == "gpt2" else text.replace(
             _SPACE, " ").encode()
     if kind == TokenType.BYTE:             # "<0xXX>" in SentencePiece vocabularies
         if len(text) == 6 and text.startswith("<0x"):
             return bytes([int(text[3:5], 16)])
-        return _byte_level_decode(text)
+        return byte_level_decode(text)
     if kind == TokenType.USER_DEFINED or (special and kind in _SPECIAL_TYPES):
         return text.encode()
     return b""                            # control tokens unless special; unused, undefined
-
-
-def _byte_level_decode(text: str) -> bytes:
-    return b"".join(bytes([_BYTE_DECODER[c]]) if c in _BYTE_DECODER else c.encode()
-                    for c in text)
 
 
 def _clean_spaces(text: bytes) -> bytes:
@@ -498,34 +424,3 @@ def _clean_spaces(text: bytes) -> bytes:
         t[total] = x
         total += 1
     return bytes(t[:total])
-
-
-# --- the cache -----------------------------------------------------------------------------
-
-def _cache_path(f: GGUFFile) -> Path | None:
-    digest = hashlib.blake2b(f.header_bytes(), digest_size=16)
-    digest.update(f"polydev-tokenizer-{_BUILD_VERSION}".encode())
-    try:
-        return cache_dir("tokenizers") / f"{digest.hexdigest()}.json"
-    except OSError as e:
-        log.warning("no tokenizer cache (%s); building every time", e)
-        return None
-
-
-def _load_cached(path: Path):
-    from tokenizers import Tokenizer as HFTokenizer
-
-    if not path.is_file():
-        return None
-    try:
-        return HFTokenizer.from_file(str(path))
-    except Exception as e:            # a damaged entry is rebuilt, never trusted
-        log.warning("ignoring the damaged tokenizer cache %s (%s)", path, e)
-        return None
-
-
-def _store(path: Path, backend) -> None:
-    try:
-        write_atomic(path, backend.to_str().encode())
-    except OSError as e:
-        log.warning("could not cache the tokenizer in %s (%s)", path, e)

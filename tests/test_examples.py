@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("gguf")
-pytest.importorskip("tokenizers")
+pytest.importorskip("regex")
 
 from model_files import write_test_model  # noqa: E402
 

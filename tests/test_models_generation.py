@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("gguf")
-pytest.importorskip("tokenizers")
+pytest.importorskip("regex")
 
 from polydev.errors import InvalidArgumentError  # noqa: E402
 from polydev.models.chat_template import CHATML, render_chat  # noqa: E402

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("gguf")
-pytest.importorskip("tokenizers")
+pytest.importorskip("regex")
 
 import polydev  # noqa: E402
 from polydev.errors import InvalidArgumentError  # noqa: E402

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tokenizers")
+pytest.importorskip("regex")
 pytest.importorskip("gguf")
 from hypothesis import example, given, settings, strategies as st  # noqa: E402
 
 from polydev.errors import TokenizerError  # noqa: E402
-from polydev.models import tokenizer as tokenizer_module  # noqa: E402
 from polydev.models.gguf import GGUFFile  # noqa: E402
 from polydev.models.tokenizer import Tokenizer  # noqa: E402
 
@@ -92,7 +91,7 @@ def test_llama_cpp_vocab_vectors(path):
     pairs (tokenize(text, add_special=false, parse_special=false), as test-tokenizer-0)."""
     with GGUFFile(path) as f:
         try:
-            tok = Tokenizer.from_gguf(f, cache=False)
+            tok = Tokenizer.from_gguf(f)
         except TokenizerError as e:
             assert f.get("tokenizer.ggml.model") not in ("llama", "gpt2"), e
             pytest.skip(f"unsupported tokenizer: {e}")
@@ -202,27 +201,49 @@ def test_end_of_generation_tokens_match_llama_cpp(path):
         assert set(tok.eog_ids) == theirs
 
 
-# --- the cache and errors ---------------------------------------------------------------------
+# --- byte-level BPE and errors ---------------------------------------------------------------
 
-def test_a_second_build_comes_from_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
-    path = model_path(SMOLLM2)
+def _bpe_file(tmp_path, tokens, merges, pre="gpt-2") -> Path:
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "bpe.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens + ["<|endoftext|>"])
+    w.add_token_types([1] * len(tokens) + [3])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(len(tokens))
+    w.add_eos_token_id(len(tokens))
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_bpe_merges_the_lowest_rank_first_and_the_leftmost_of_equals(tmp_path):
+    """"abc": with "b c" ranked before "a b" the word is [a, bc]; "aaa" merges its leftmost
+    pair first, [aa, a]; a merged symbol that is no token ("c" + "a") falls back to the
+    one-byte tokens of its bytes."""
+    tokens = ["a", "b", "c", "ab", "bc", "aa"]
+    path = _bpe_file(tmp_path, tokens, ["b c", "a b", "a a", "c a"])
     with GGUFFile(path) as f:
-        first = Tokenizer.from_gguf(f)
-        cached = list((tmp_path / "tokenizers").glob("*.json"))
-        assert len(cached) == 1
+        tok = Tokenizer.from_gguf(f)
+    assert tok.encode("abc") == [0, 4]
+    assert tok.encode("aaa") == [5, 0]
+    assert tok.encode("ca") == [2, 0]
+    assert tok.encode("ab bc") == [3, 4]     # " bc" is "Ġ", "bc": no "Ġ" token, so dropped
 
-        def no_build(vocab):
-            raise AssertionError("built again instead of reading the cache")
 
-        monkeypatch.setattr(tokenizer_module, "_build_bpe", no_build)
-        second = Tokenizer.from_gguf(f)
-        text = "Cached tokenizers give the same ids."
-        assert second.encode(text) == first.encode(text)
-        cached[0].write_text("{ not json")                # a damaged entry is rebuilt
-        monkeypatch.undo()
-        monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
-        assert Tokenizer.from_gguf(f).encode(text) == first.encode(text)
+def test_bpe_ignore_merges_takes_a_word_that_is_a_token_whole(tmp_path):
+    """llama3's pre-tokenizer sets ignore_merges: "abc" is a token, so it is taken whole
+    though no merge makes it; with gpt-2's the merges decide."""
+    tokens = ["a", "b", "c", "ab", "abc"]
+    for pre, expected in (("llama3", [4]), ("gpt-2", [3, 2])):
+        path = _bpe_file(tmp_path, tokens, ["a b"], pre=pre)
+        with GGUFFile(path) as f:
+            assert Tokenizer.from_gguf(f).encode("abc", add_special=False) == expected, pre
 
 
 def test_bad_token_ids_and_inputs():
@@ -268,7 +289,7 @@ def test_a_character_the_vocabulary_lacks_blocks_merges(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with GGUFFile(path) as f:
-        tok = Tokenizer.from_gguf(f, cache=False)
+        tok = Tokenizer.from_gguf(f)
     assert tok.encode("ab") == [2]
     assert tok.encode("acb") == [0, 1]
     assert tok.encode("c") == []
