@@ -102,6 +102,21 @@ def test_flash_attn_ext_without_mask_and_fully_masked_rows(backend, rng):
                  5e-4)
 
 
+def test_flash_attn_ext_in_blocks_of_query_rows(cpu, rng, monkeypatch):
+    """The array kernel splits many queries into blocks of rows (bounded working memory); a
+    budget of 3 rows' scores makes blocks of 3, 3, ... and a last short one."""
+    from polydev.backends.array import attention
+
+    n_head, n_kv = 4, 40
+    monkeypatch.setattr(attention, "HOST_SCORE_BLOCK", 3 * n_head * n_kv)
+    q, k, v = f32(rng, (1, n_head, 17, 32)), f32(rng, (1, 2, n_kv, 32)), f32(rng, (1, 2, n_kv, 32))
+    mask = _causal_mask(rng, 17, n_kv)
+    out = compute(cpu, lambda ctx, a, b, c, m: ops.flash_attn_ext(ctx, a, b, c, m, 0.2),
+                  q, k, v, mask)
+    ref = _attention_ref(*(x.astype(np.float64) for x in (q, k, v)), mask, 0.2)
+    assert_close(out, ref, 5e-4)
+
+
 @pytest.mark.parametrize("qtype", [GGMLType.Q8_0, GGMLType.Q4_0], ids=str)
 def test_flash_attn_ext_quantized_kv(backend, rng, qtype):
     n_kv, d = 24, 64
