@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
-from gguf import GGUFValueType
-
 from polydev.errors import GGUFError
 from polydev.lifetime import Resource
 from polydev.types import TYPE_TRAITS, GGMLType
+
+from .gguf_constants import GGUFValueType
 
 __all__ = ["GGUFFile", "GGUFTensorInfo", "StringArray", "GGUF_MAGIC", "DEFAULT_ALIGNMENT"]
 

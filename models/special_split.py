@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from gguf import TokenType
+
+from .gguf_constants import TokenType
 
 __all__ = ["SpecialTokenSplitter"]
 

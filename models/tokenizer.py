@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
-from gguf import TokenType
-
 from polydev.errors import TokenizerError
 
 from .bpe import ByteLevelBPE, byte_level_decode
 from .gguf import GGUFFile, StringArray
+from .gguf_constants import TokenType
 from .pretokenizers import PreTokenizer, pre_tokenizer
 from .special_split import SpecialTokenSplitter
 from .spm import SentencePieceEncoder

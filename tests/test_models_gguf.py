@@ -78,6 +78,23 @@ def assert_same_as_reader(path: Path) -> None:
             assert np.array_equal(f.tensor_data(info), raw)
 
 
+def test_constants_are_the_gguf_packages():
+    """polydev's own copies of the two enums equal the gguf package's, name for value."""
+    from polydev.models.gguf_constants import GGUFValueType, TokenType
+
+    for ours, theirs in ((GGUFValueType, gguf.GGUFValueType), (TokenType, gguf.TokenType)):
+        assert {m.name: m.value for m in ours} == {m.name: m.value for m in theirs}
+
+
+def test_the_model_layer_runs_without_importing_the_gguf_package():
+    import subprocess
+    import sys
+
+    code = ("import sys, polydev.models; from polydev.models import load, Tokenizer; "
+            "sys.exit('gguf' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
 def test_reads_what_the_gguf_writer_wrote(small):
     assert_same_as_reader(small)
     with GGUFFile(small) as f:
