@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,30 @@ def test_buffer_is_aligned_and_cleared(cpu):
         assert buf.usage == BufferUsage.WEIGHTS
     with pytest.raises(ClosedError):
         buf.clear()
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and MADV_DONTNEED")
+def test_a_large_cpu_buffer_is_resident_only_where_written(cpu):
+    """A large buffer takes memory as it is written; clearing it to zero gives the memory back
+    and reads as zeros; clearing to another value writes it."""
+    size = 64 << 20
+    before = _resident_bytes()
+    with cpu.alloc_buffer(size) as buf:
+        data = buf.host_array
+        assert data.ctypes.data % 64 == 0 and not data.any()
+        assert _resident_bytes() - before < size // 4
+        data[: size // 2] = 5
+        assert _resident_bytes() - before >= size // 2
+        buf.clear(0)
+        assert _resident_bytes() - before < size // 4
+        assert not data.any()
+        buf.clear(3)
+        assert (data == 3).all()
 
 
 def test_set_get_bounds_and_memset(cpu):

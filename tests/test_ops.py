@@ -157,6 +157,23 @@ def test_glu_split(backend, rng, fn, act):
     assert_close(out, act(a.astype(np.float64)) * b)
 
 
+@pytest.mark.parametrize("swapped", [False, True])
+def test_glu_by_blocks_of_rows_on_the_host(cpu, rng, monkeypatch, swapped):
+    """The host GLU runs a block of rows at a time: blocks of two rows (the last one short)
+    give the whole-tensor result, fused and split."""
+    from polydev.backends.array import rows
+
+    monkeypatch.setattr(rows, "HOST_BLOCK_ELEMENTS", 2 * 32)
+    a, b = f32(rng, (1, 3, 5, 64), -2, 2), f32(rng, (1, 3, 5, 32))
+    out = compute(cpu, lambda ctx, x: ops.glu(ctx, x, GluOp.SWIGLU, swapped), a)
+    x, g = a[..., :32].astype(np.float64), a[..., 32:].astype(np.float64)
+    if swapped:
+        x, g = g, x
+    assert_close(out, UNARY_REF[UnaryOp.SILU](x) * g)
+    out = compute(cpu, lambda ctx, x, y: ops.glu_split(ctx, x, y, GluOp.GEGLU), a[..., :32], b)
+    assert_close(out, _gelu(a[..., :32].astype(np.float64)) * b)
+
+
 # --- reductions ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 from polydev.ops import GluOp, Op, UnaryOp
 from polydev.tensor import Tensor
 
 from .broadcast import repeat_views
+from .rows import as_rows, row_blocks
 
 _BINARY = {Op.ADD: "add", Op.SUB: "subtract", Op.MUL: "multiply", Op.DIV: "divide"}
 
@@ -257,4 +260,26 @@ def bind_glu(env, node: Tensor) -> Callable[[], None]:
         x, g = a[..., :n], a[..., n:]
         if swapped:
             x, g = g, x
+    if xp is np and d.dtype == np.float32:
+        blocked = _bind_glu_by_rows(combine, d, x, g)
+        if blocked is not None:
+            return blocked
     return lambda: xp.copyto(d, combine(x.astype(xp.float32), g), casting="unsafe")
+
+
+def _bind_glu_by_rows(combine, d, x, g) -> Callable[[], None] | None:
+    """A float32 host GLU computed in the destination, a block of rows at a time (see
+    ``rows``); None where the operands are not rows of one stride. The destination never
+    shares memory with the sources: the graph allocator does not run GLU in place."""
+    n = d.shape[-1]
+    d2, x2, g2 = as_rows(d, n), as_rows(x, n), as_rows(g, n)
+    if d2 is None or x2 is None or g2 is None:
+        return None
+    blocks = list(row_blocks(d2.shape[0], n))
+
+    def run() -> None:
+        for rows in blocks:
+            out = d2[rows]
+            np.copyto(out, x2[rows], casting="unsafe")
+            combine(out, g2[rows])
+    return run

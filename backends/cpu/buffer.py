@@ -1,7 +1,16 @@
-"""CPU memory: 64-byte-aligned numpy buffers, and buffers over existing host memory."""
+"""CPU memory: 64-byte-aligned numpy buffers, and buffers over existing host memory.
+
+A large buffer is an anonymous memory mapping of its own (on Linux): the kernel backs a page
+only when it is first written, and clearing to zero hands the pages back (``MADV_DONTNEED``:
+they read as zeros again) instead of writing every byte. So a KV cache sized for a long
+context holds only the cells a sequence has used, and ``reset`` returns them; ggml memsets,
+which makes every page resident at once. The bytes read are the same either way.
+"""
 
 from __future__ import annotations
 
+import mmap
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,14 +22,29 @@ if TYPE_CHECKING:
     from .device import CPUDevice
 
 ALIGNMENT = 64   # cache-line aligned base, and the alignment of every tensor in it
+# from this size a buffer is a mapping of its own (smaller ones come from malloc's heap)
+MAPPED_BYTES = 1 << 20
+_LAZY_ZERO = sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
 
 
 class CPUBuffer(HostArrayBuffer):
     """Host memory the CPU computes on; freeing it drops its decoded weights from the cache."""
 
+    def __init__(self, buft: BufferType, array: np.ndarray,
+                 mapping: mmap.mmap | None = None) -> None:
+        super().__init__(buft, array)
+        self._mapping = mapping          # the whole private anonymous mapping behind array
+
+    def _clear(self, value: int) -> None:
+        if value == 0 and self._mapping is not None:
+            self._mapping.madvise(mmap.MADV_DONTNEED)   # zero-fill on the next touch
+        else:
+            super()._clear(value)
+
     def _free(self) -> None:
         device: CPUDevice = self.buft.device
         device.weight_cache.forget(self)
+        self._mapping = None             # unmapped when the last view of it is gone
         super()._free()
 
 
@@ -31,6 +55,10 @@ class CPUBufferType(BufferType):
         super().__init__("CPU", device, alignment=ALIGNMENT, is_host=True)
 
     def _alloc(self, size: int) -> Buffer:
+        if _LAZY_ZERO and size >= MAPPED_BYTES:
+            # private: MADV_DONTNEED zeroes private pages (a shared mapping keeps them)
+            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)   # page-aligned, zero
+            return CPUBuffer(self, np.frombuffer(mapping, np.uint8), mapping)
         raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
         start = -raw.ctypes.data % ALIGNMENT
         return CPUBuffer(self, raw[start:start + size])

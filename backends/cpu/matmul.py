@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from polydev.backends.array.rows import as_rows
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -24,18 +25,6 @@ from .native import kernels
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
 BLOCK_PRODUCT_ROWS = 32
 TILE_BYTES = 4 << 20     # float32 bytes of one decoded tile: big BLAS calls, L2-sized
-
-
-def _as_rows(a: np.ndarray, k: int) -> np.ndarray | None:
-    """``a`` as a 2-D (rows, k) view with unit element stride, or None if that needs a copy."""
-    if a.strides[-1] != a.itemsize:
-        return None
-    rows = a.view()
-    try:
-        rows.shape = (-1, k)
-    except AttributeError:
-        return None
-    return rows
 
 
 def native_mul_mat_ok(node: Tensor) -> bool:
@@ -53,7 +42,7 @@ def native_mul_mat_ok(node: Tensor) -> bool:
 def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     a_t = node.src[0]
     k, m = a_t.ne[0], a_t.ne[1]
-    x, y = _as_rows(env.view(node.src[1]), k), _as_rows(env.view(node), m)
+    x, y = as_rows(env.view(node.src[1]), k), as_rows(env.view(node), m)
     if x is None or y is None:                      # rows without one stride: the array kernel
         from polydev.backends.array.matmul import bind_mul_mat
         return bind_mul_mat(env, node)
