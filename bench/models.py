@@ -58,6 +58,20 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class _RandomTokens:
+    """Random token ids for both engines. Python's random, not numpy.random: importing that
+    loads OpenSSL's libcrypto (through secrets and hmac), 3.5 MiB of the harness's own that
+    would count in polydev's peak RSS."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        self._random = random.Random(seed)
+
+    def integers(self, low: int, high: int, n: int) -> list[int]:
+        return [self._random.randrange(low, high) for _ in range(n)]
+
+
 def _generation_rate(model, rng) -> float:
     """t/s of N_GEN random tokens decoded one at a time after a reset."""
     model.reset()
@@ -69,11 +83,9 @@ def _generation_rate(model, rng) -> float:
 
 
 def polydev_child(path: str, reps: int) -> dict:
-    import numpy as np
-
     from polydev.models import load
 
-    rng = np.random.default_rng(0)
+    rng = _RandomTokens(0)
     start_rss = _rss_now()                      # the interpreter, numpy, polydev, tokenizers
     with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False) as model:
         loaded_rss = _rss_now()
@@ -97,7 +109,7 @@ def _overhead_per_node(model, rng) -> dict:
     kernel call timed; the steps' time minus the kernels' (the wrapper's call counts as
     outside, so the figure errs high by about 0.1 µs). The plain step time is kept too."""
     ev = model.evaluator
-    tokens = iter(rng.integers(0, model.hparams.n_vocab, 100).tolist())
+    tokens = iter(rng.integers(0, model.hparams.n_vocab, 100))
     for _ in range(3):
         ev.eval([next(tokens)])
     steps = 20
@@ -133,13 +145,11 @@ def _overhead_per_node(model, rng) -> dict:
 
 def polydev_opencl_child(path: str, reps: int) -> dict:
     """tg128 with half the layers on OpenCL0 and the rest on the CPU backend."""
-    import numpy as np
-
     from polydev.models import GGUFFile, load
 
     with GGUFFile(path) as f:
         n_layer = int(f.get(f"{f.get('general.architecture')}.block_count"))
-    rng = np.random.default_rng(0)
+    rng = _RandomTokens(0)
     ngl = (n_layer + 1) // 2
     with load(path, devices=["OpenCL0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as model:
         tg = []
@@ -149,23 +159,22 @@ def polydev_opencl_child(path: str, reps: int) -> dict:
 
 
 def llama_cpp_child(path: str, reps: int) -> dict:
-    import numpy as np
     import llama_cpp
 
-    rng = np.random.default_rng(0)
+    rng = _RandomTokens(0)
     llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=512, n_threads=2, verbose=False)
     vocab = llm.n_vocab()
-    llm.eval(rng.integers(0, vocab, N_PROMPT).tolist())                   # warm-up
+    llm.eval(rng.integers(0, vocab, N_PROMPT))                            # warm-up
     pp, tg = [], []
     for _ in range(reps):
         llm.reset()
         start = time.perf_counter()
-        llm.eval(rng.integers(0, vocab, N_PROMPT).tolist())
+        llm.eval(rng.integers(0, vocab, N_PROMPT))
         pp.append(N_PROMPT / (time.perf_counter() - start))
         llm.reset()
         llm.eval([1])
         start = time.perf_counter()
-        for token in rng.integers(0, vocab, N_GEN).tolist():
+        for token in rng.integers(0, vocab, N_GEN):
             llm.eval([token])
         tg.append(N_GEN / (time.perf_counter() - start))
     llm.close()

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import zlib
 from pathlib import Path
 
 from polydev.env import cache_dir, env_int, env_text
@@ -70,18 +70,18 @@ def _compiler() -> str | None:
 
 
 def _identity(cc: str, flags: list[str]) -> str:
-    """A hash of everything the built library depends on."""
-    h = hashlib.blake2b(digest_size=12)
-    h.update(SOURCE.read_bytes())
-    h.update(" ".join(flags).encode())
+    """A checksum of everything the built library depends on. CRC-32 and Adler-32 (zlib):
+    a cache key needs no cryptographic hash, and hashlib would load OpenSSL's libcrypto into
+    every process that computes (about 3.5 MiB resident)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    h.update(version.stdout.encode())
     try:
         with open("/proc/cpuinfo") as f:
-            h.update(next((line for line in f if line.startswith("flags")), "").encode())
+            cpu = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        pass
-    return h.hexdigest()
+        cpu = ""
+    data = b"\0".join([SOURCE.read_bytes(), " ".join(flags).encode(),
+                       version.stdout.encode(), cpu.encode()])
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}{len(data):x}"
 
 
 def _build(cc: str, flags: list[str], target: Path) -> None:
