@@ -24,7 +24,7 @@ from .native import kernels
 
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
 BLOCK_PRODUCT_ROWS = 32
-TILE_BYTES = 4 << 20     # float32 bytes of one decoded tile: big BLAS calls, L2-sized
+TILE_BYTES = 1 << 20     # float32 bytes of one decoded tile (4 MiB ran pp512 no faster)
 
 
 def native_mul_mat_ok(node: Tensor) -> bool:
