@@ -3,7 +3,7 @@
 For SmolLM2-135M (Q4_1) and gemma-3-270m (Q4_K_M):
 - open and index the file with polydev.models.gguf against gguf.GGUFReader (target 0.02);
 - load every weight onto the CPU (zero-copy: the mapping; target under 1 s for gemma);
-- build the tokenizer cold and load it from the cache.
+- build the tokenizer from the file's vocabulary.
 Then the upload to an OpenCL device (gemma, every layer offloaded) as a fraction of
 bench/opencl_ops.py's pinned copy (target 0.8): end to end into freshly allocated device
 memory, and the copy alone into memory already touched (a second upload of the same weights).
@@ -16,7 +16,6 @@ import importlib.util
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -83,16 +82,9 @@ def tokenizer_figures(label: str, path: Path) -> list[dict]:
     from polydev.models.gguf import GGUFFile
     from polydev.models.tokenizer import Tokenizer
 
-    with tempfile.TemporaryDirectory() as cache, GGUFFile(path) as f:
-        os.environ["POLYDEV_CACHE_DIR"] = cache
-        try:
-            cold = _best(lambda: Tokenizer.from_gguf(f), 1)
-            cached = _best(lambda: Tokenizer.from_gguf(f), 3)
-        finally:
-            del os.environ["POLYDEV_CACHE_DIR"]
-    return [_figure(f"{label}: tokenizer build, cold", round(cold, 2), "s"),
-            _figure(f"{label}: tokenizer load, cached", round(cached, 2), "s",
-                    detail=f"{cold / cached:.1f}x faster than cold")]
+    with GGUFFile(path) as f:
+        seconds = _best(lambda: Tokenizer.from_gguf(f), 3)
+    return [_figure(f"{label}: tokenizer build", round(seconds, 2), "s")]
 
 
 def upload_figures(path: Path, quick: bool) -> list[dict]:
