@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
+
 from polydev.errors import GGUFError
 from polydev.lifetime import Resource
 from polydev.types import TYPE_TRAITS, GGMLType

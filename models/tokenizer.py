@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
+
 from polydev.errors import TokenizerError
 
 from .bpe import ByteLevelBPE, byte_level_decode
