@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import polydev
-from polydev import GGMLType, dequantize, ops
+from polydev import GGMLType, RopeMode, dequantize, ops
 from polydev.backends.array.matmul import bind_mul_mat
 from polydev.backends.cpu import matmul as cpu_matmul
 from polydev.backends.cpu.native import kernels
@@ -77,6 +77,38 @@ def test_kernels_match_the_numpy_path(cpu, rng):
         fast = out.numpy().copy()
         bind_mul_mat(cpu.env, out)()
         np.testing.assert_allclose(fast, out.numpy(), rtol=1e-5, atol=1e-5)
+    finally:
+        buf.close()
+
+
+@pytest.mark.parametrize("mode", [RopeMode.NORMAL, RopeMode.NEOX], ids=["normal", "neox"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rope_equals_the_array_kernel(cpu, rng, mode, inplace):
+    """The compiled rotation gives the array kernel's bits: rows of a strided view (every
+    other head of a bigger tensor), 24 of 40 channels rotated (the rest copied), YaRN and
+    frequency factors."""
+    from polydev.backends.array.rope import bind_rope
+    from polydev.backends.cpu.rope import native_rope_ok
+
+    ctx = polydev.Context()
+    big = ctx.new_tensor(GGMLType.F32, (40, 6, 5))
+    x = ctx.view_3d(big, 40, 3, 5, 2 * big.nb[1], big.nb[2], 0)
+    pos = ctx.new_tensor(GGMLType.I32, (5,))
+    ff = ctx.new_tensor(GGMLType.F32, (12,))
+    out = ops.rope_ext(ctx, x, pos, ff, 24, mode, 4096, 50000.0, 0.5, 1.0, 0.9, 32.0, 1.0,
+                       inplace=inplace)
+    buf = polydev.alloc_ctx_tensors(ctx, cpu)
+    try:
+        values = f32(rng, (5, 6, 40))
+        pos.set_data(np.array([0, 7, 300, 2047, 5000], np.int32))
+        ff.set_data(rng.uniform(1.0, 3.0, 12).astype(np.float32))
+        assert native_rope_ok(out)
+        results = []
+        for bind in (cpu.bind, lambda node: bind_rope(cpu.env, node)):
+            big.set_data(values)
+            bind(out)()
+            results.append(out.numpy().copy())
+        np.testing.assert_array_equal(results[0], results[1])
     finally:
         buf.close()
 

@@ -42,11 +42,14 @@ class NumpyEnv:
     def memo(self, key: Hashable, inputs: tuple, compute: Callable[[], Any]) -> Any:
         """``compute()``, reused while the arrays in ``inputs`` hold the values they held when
         it last ran for ``key`` (nodes of one graph that derive the same table)."""
+        # compared as (shape, dtype, bytes): np.array_equal took about 5 µs per check, and a
+        # decode step checks once per ROPE
+        seen = tuple((a.shape, a.dtype, a.tobytes()) for a in inputs)
         hit = self._memo.get(key)
-        if hit is not None and all(np.array_equal(a, b) for a, b in zip(hit[0], inputs)):
+        if hit is not None and hit[0] == seen:
             return hit[1]
         value = compute()
-        self._memo[key] = (tuple(a.copy() for a in inputs), value)
+        self._memo[key] = (seen, value)
         return value
 
     def scratch(self, n: int) -> np.ndarray:

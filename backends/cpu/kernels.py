@@ -9,8 +9,10 @@ from polydev.backends.array import TABLE
 
 from .attention import bind_native_flash_attn, native_flash_attn_ok
 from .matmul import bind_native_mul_mat, native_mul_mat_ok
+from .rope import bind_native_rope, native_rope_ok
 
 CPU_TABLE = KernelTable({
     Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat),
     Op.FLASH_ATTN_EXT: Kernel(native_flash_attn_ok, bind_native_flash_attn),
+    Op.ROPE: Kernel(native_rope_ok, bind_native_rope),
 }, target=lambda backend: backend.env, fallback=TABLE)

@@ -628,3 +628,38 @@ void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
         for (int64_t j = 0; j < Dv; j++) acc[j] *= inv;
     }
 }
+
+/* ROPE of float32 rows in the normal (pairs 2p, 2p+1) or NeoX (pairs p, p + half) mode, from
+ * angles computed once per step: cos/sin[i2 * half + p] for token i2. The same float32
+ * operations as the array kernel (x0 cos - x1 sin, x0 sin + x1 cos, nothing fused), so the
+ * results are equal. Strides in bytes; a and d may be the same memory (each pair is read
+ * before it is written). Channels outside [n_offs, n_offs + 2 half) are copied when
+ * copy_rest is set. */
+void pd_rope_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
+                 uint8_t *d, int64_t d1, int64_t d2, int64_t d3,
+                 int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
+                 int64_t n_offs, int64_t half, int neox, int copy_rest,
+                 const float *cos_t, const float *sin_t) {
+    int64_t step = neox ? 1 : 2, other = neox ? half : 1;
+    for (int64_t i3 = 0; i3 < ne3; i3++)
+        for (int64_t i2 = 0; i2 < ne2; i2++) {
+            const float *c = cos_t + i2 * half, *s = sin_t + i2 * half;
+            for (int64_t i1 = 0; i1 < ne1; i1++) {
+                const float *x = (const float *)(a + i3 * a3 + i2 * a2 + i1 * a1);
+                float *y = (float *)(d + i3 * d3 + i2 * d2 + i1 * d1);
+                const float *xr = x + n_offs;
+                float *yr = y + n_offs;
+                for (int64_t p = 0; p < half; p++) {
+                    float x0 = xr[p * step], x1 = xr[p * step + other];
+                    float r0 = x0 * c[p] - x1 * s[p];
+                    float r1 = x0 * s[p] + x1 * c[p];
+                    yr[p * step] = r0;
+                    yr[p * step + other] = r1;
+                }
+                if (copy_rest) {
+                    for (int64_t k = 0; k < n_offs; k++) y[k] = x[k];
+                    for (int64_t k = n_offs + 2 * half; k < ne0; k++) y[k] = x[k];
+                }
+            }
+        }
+}

@@ -1,0 +1,56 @@
+"""ROPE of float32 rows in the normal and NeoX modes, in the compiled kernels.
+
+A decode step ropes Q and K of every layer for one token: as numpy calls each ROPE cost about
+45 µs of call overhead for microseconds of arithmetic. The angles are still computed by the
+array kernel's functions, once per step (shared through the backend's memo); the rotation is
+one compiled call, with the array kernel's float32 operations, so results are equal.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from polydev.backends.array.env import same_memory
+from polydev.backends.array.rope import rope_cos_sin, rope_thetas
+from polydev.ops import RopeMode
+from polydev.tensor import Tensor
+from polydev.types import GGMLType
+
+from .native import kernels
+
+
+def native_rope_ok(node: Tensor) -> bool:
+    a = node.src[0]
+    return (kernels() is not None and node.op_params[2] in (RopeMode.NORMAL, RopeMode.NEOX)
+            and a.type == GGMLType.F32 and node.type == GGMLType.F32
+            and a.nb[0] == 4 and node.nb[0] == 4)
+
+
+def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
+    params = node.op_params
+    n_dims, mode, n_offs, sections = params[1], params[2], params[15], params[11:15]
+    half = n_dims // 2
+    a, pos_t = node.src[0], node.src[1]
+    pos = env.view(pos_t).reshape(-1)
+    ff_t = node.src[2] if len(node.src) > 2 else None
+    freq_factors = env.view(ff_t).reshape(-1) if ff_t is not None else None
+    freq_base = params[5]
+
+    def angles():
+        thetas = rope_thetas(np, pos, mode, n_dims, half, freq_base, sections)
+        cos, sin = rope_cos_sin(np, thetas, n_dims, params, freq_factors)
+        return (np.ascontiguousarray(cos, dtype=np.float32),
+                np.ascontiguousarray(sin, dtype=np.float32))
+    # ROPEs of a step share one computation of the angles (this key holds contiguous float32)
+    key = ("rope-native", mode, n_dims, half, tuple(params[4:11]), tuple(sections))
+    inputs = (pos,) if freq_factors is None else (pos, freq_factors)
+    args = (env.view(a).ctypes.data, *a.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
+            *node.ne, n_offs, half, int(mode == RopeMode.NEOX), int(not same_memory(node, a)))
+    rope = kernels().rope_f32
+
+    def run() -> None:
+        cos, sin = env.memo(key, inputs, angles)
+        rope(*args, cos.ctypes.data, sin.ctypes.data)
+    return run
