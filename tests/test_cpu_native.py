@@ -113,6 +113,25 @@ def test_rope_equals_the_array_kernel(cpu, rng, mode, inplace):
         buf.close()
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rms_norm_of_strided_rows_equals_float64(cpu, rng, inplace):
+    """The compiled RMS_NORM (ggml's: the sum of squares in double) over every other row of
+    a bigger tensor, in place or not, against float64."""
+    from polydev.backends.cpu.norm import native_rms_norm_ok
+
+    values = f32(rng, (3, 8, 96), -4, 4)
+
+    def build(ctx, x):
+        rows = ctx.view_3d(x, 96, 4, 3, 2 * x.nb[1], x.nb[2], 0)
+        out = ops.rms_norm(ctx, rows, 1e-5, inplace=inplace)
+        assert native_rms_norm_ok(out)
+        return out
+    out = compute(cpu, build, values)
+    rows = values[:, ::2].astype(np.float64)
+    ref = rows / np.sqrt(np.mean(rows * rows, axis=-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-6, atol=1e-6)
+
+
 def test_unsupported_shapes_fall_back(cpu, rng):
     """A weight with batch dims is not the kernels' shape: the array kernel computes it."""
     w = f32(rng, (1, 2, 8, 64)).astype(np.float16)

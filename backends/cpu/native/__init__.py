@@ -54,8 +54,10 @@ class NativeKernels:
         self.rope_f32 = library.pd_rope_f32
         self.rope_f32.argtypes = ([_ptr] + [_i64] * 3) * 2 + [_i64] * 4 + [_i64, _i64, _int,
                                                                               _int, _ptr, _ptr]
+        self.rms_norm_f32 = library.pd_rms_norm_f32
+        self.rms_norm_f32.argtypes = ([_ptr] + [_i64] * 3) * 2 + [_i64] * 4 + [ctypes.c_float]
         for fn in (self.mul_mat, self.dequantize_rows, self.f16_to_f32, self.flash_attn_f16,
-                   self.rope_f32):
+                   self.rope_f32, self.rms_norm_f32):
             fn.restype = None
         block_size = library.pd_block_size
         block_size.argtypes = [_int]

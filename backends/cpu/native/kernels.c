@@ -663,3 +663,20 @@ void pd_rope_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
             }
         }
 }
+
+/* RMS_NORM of float32 rows, as ggml's CPU kernel: the sum of squares in double, then
+ * y = x * (1 / sqrtf(mean + eps)). Strides in bytes; a and d may be the same memory. */
+void pd_rms_norm_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
+                     uint8_t *d, int64_t d1, int64_t d2, int64_t d3,
+                     int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, float eps) {
+    for (int64_t i3 = 0; i3 < ne3; i3++)
+        for (int64_t i2 = 0; i2 < ne2; i2++)
+            for (int64_t i1 = 0; i1 < ne1; i1++) {
+                const float *x = (const float *)(a + i3 * a3 + i2 * a2 + i1 * a1);
+                float *y = (float *)(d + i3 * d3 + i2 * d2 + i1 * d1);
+                double sum = 0.0;
+                for (int64_t k = 0; k < ne0; k++) sum += (double)(x[k] * x[k]);
+                const float scale = 1.0f / sqrtf((float)(sum / (double)ne0) + eps);
+                for (int64_t k = 0; k < ne0; k++) y[k] = x[k] * scale;
+            }
+}
