@@ -132,6 +132,45 @@ def test_rms_norm_of_strided_rows_equals_float64(cpu, rng, inplace):
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dst_type", [GGMLType.F16, GGMLType.F32], ids=str)
+@pytest.mark.parametrize("idx_type", [np.int32, np.int64], ids=["i32", "i64"])
+def test_set_rows_equals_numpy_and_checks_before_writing(cpu, rng, dst_type, idx_type):
+    """The compiled SET_ROWS writes numpy's fp16 bits (ties, subnormals, infinities), with
+    the indices broadcast over dim 2 as ggml does; a bad index raises OutOfBoundsError and
+    leaves the destination as it was."""
+    from polydev.backends.cpu.rows import native_set_rows_ok
+    from polydev.errors import OutOfBoundsError
+
+    ctx = polydev.Context()
+    dst = ctx.new_tensor(dst_type, (40, 10, 4))
+    src = ctx.new_tensor(GGMLType.F32, (40, 3, 4))
+    idx = ctx.new_tensor(GGMLType.I64 if idx_type is np.int64 else GGMLType.I32, (3, 2))
+    out = ops.set_rows(ctx, dst, src, idx)
+    assert native_set_rows_ok(out)
+    buf = polydev.alloc_ctx_tensors(ctx, cpu)
+    try:
+        values = f32(rng, (4, 3, 40), -70000, 70000)
+        values[0, 0, :6] = [np.inf, -np.inf, 2.0 ** -20, 65520.0, 1 + 2.0 ** -11, -0.0]
+        rows = np.array([[9, 0, 4], [1, 7, 2]], idx_type)
+        src.set_data(values)
+        idx.set_data(rows)
+        dtype = np.float16 if dst_type == GGMLType.F16 else np.float32
+        dst.set_data(np.zeros((4, 10, 40), dtype))
+        cpu.bind(out)()
+        want = np.zeros((4, 10, 40), dtype)
+        for i2 in range(4):
+            want[i2, rows[i2 % 2]] = values[i2].astype(want.dtype)
+        got = dst.numpy().reshape(want.shape)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        before = dst.numpy().copy()
+        idx.set_data(np.array([[9, 0, 4], [1, 10, 2]], idx_type))
+        with pytest.raises(OutOfBoundsError, match="set_rows"):
+            cpu.bind(out)()
+        np.testing.assert_array_equal(dst.numpy(), before)
+    finally:
+        buf.close()
+
+
 def test_unsupported_shapes_fall_back(cpu, rng):
     """A weight with batch dims is not the kernels' shape: the array kernel computes it."""
     w = f32(rng, (1, 2, 8, 64)).astype(np.float16)

@@ -11,10 +11,12 @@ from .attention import bind_native_flash_attn, native_flash_attn_ok
 from .matmul import bind_native_mul_mat, native_mul_mat_ok
 from .norm import bind_native_rms_norm, native_rms_norm_ok
 from .rope import bind_native_rope, native_rope_ok
+from .rows import bind_native_set_rows, native_set_rows_ok
 
 CPU_TABLE = KernelTable({
     Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat),
     Op.FLASH_ATTN_EXT: Kernel(native_flash_attn_ok, bind_native_flash_attn),
     Op.ROPE: Kernel(native_rope_ok, bind_native_rope),
     Op.RMS_NORM: Kernel(native_rms_norm_ok, bind_native_rms_norm),
+    Op.SET_ROWS: Kernel(native_set_rows_ok, bind_native_set_rows),
 }, target=lambda backend: backend.env, fallback=TABLE)

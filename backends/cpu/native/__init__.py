@@ -56,6 +56,9 @@ class NativeKernels:
                                                                               _int, _ptr, _ptr]
         self.rms_norm_f32 = library.pd_rms_norm_f32
         self.rms_norm_f32.argtypes = ([_ptr] + [_i64] * 3) * 2 + [_i64] * 4 + [ctypes.c_float]
+        self.set_rows_f32 = library.pd_set_rows_f32
+        self.set_rows_f32.argtypes = ([_ptr] + [_i64] * 3) * 2 + [_ptr, _int] + [_i64] * 10 + [_int]
+        self.set_rows_f32.restype = _int
         for fn in (self.mul_mat, self.dequantize_rows, self.f16_to_f32, self.flash_attn_f16,
                    self.rope_f32, self.rms_norm_f32):
             fn.restype = None

@@ -680,3 +680,46 @@ void pd_rms_norm_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
                 for (int64_t k = 0; k < ne0; k++) y[k] = x[k] * scale;
             }
 }
+
+/* SET_ROWS of float32 rows into float32 or fp16 rows (a KV cache): row i of src[i3][i2] goes
+ * to dst row idx[i3 % cn2][i2 % cn1][i] of dst[i3][i2], as ggml broadcasts the indices.
+ * Every index is checked before anything is written: returns 0, or 1 (nothing written) when
+ * one is outside [0, a1), or 2 (nothing written) for fp16 rows on a CPU without F16C. fp16
+ * rounds to nearest-even, as numpy's astype. Strides in bytes. */
+int pd_set_rows_f32(const uint8_t *src, int64_t s1, int64_t s2, int64_t s3,
+                    uint8_t *dst, int64_t d1, int64_t d2, int64_t d3,
+                    const uint8_t *idx, int idx64, int64_t c0, int64_t c1, int64_t c2,
+                    int64_t cn1, int64_t cn2, int64_t ne0, int64_t n, int64_t a1,
+                    int64_t a2, int64_t a3, int dst_f16) {
+#if !(defined(__F16C__) && defined(__AVX__))
+    if (dst_f16) return 2;
+#endif
+#define PD_INDEX(i3, i2, i) (idx64 ? *(const int64_t *)(idx + ((i3) % cn2) * c2 + ((i2) % cn1) * c1 + (i) * c0) \
+                                   : (int64_t)*(const int32_t *)(idx + ((i3) % cn2) * c2 + ((i2) % cn1) * c1 + (i) * c0))
+    for (int64_t i3 = 0; i3 < a3; i3++)
+        for (int64_t i2 = 0; i2 < a2; i2++)
+            for (int64_t i = 0; i < n; i++) {
+                int64_t r = PD_INDEX(i3, i2, i);
+                if (r < 0 || r >= a1) return 1;
+            }
+    for (int64_t i3 = 0; i3 < a3; i3++)
+        for (int64_t i2 = 0; i2 < a2; i2++)
+            for (int64_t i = 0; i < n; i++) {
+                const float *x = (const float *)(src + i3 * s3 + i2 * s2 + i * s1);
+                uint8_t *row = dst + i3 * d3 + i2 * d2 + PD_INDEX(i3, i2, i) * d1;
+                if (!dst_f16) {
+                    memcpy(row, x, (size_t)ne0 * 4);
+                    continue;
+                }
+#if defined(__F16C__) && defined(__AVX__)
+                uint16_t *h = (uint16_t *)row;
+                int64_t k = 0;
+                for (; k + 8 <= ne0; k += 8)
+                    _mm_storeu_si128((__m128i *)(h + k),
+                                     _mm256_cvtps_ph(_mm256_loadu_ps(x + k), _MM_FROUND_TO_NEAREST_INT));
+                for (; k < ne0; k++) h[k] = _cvtss_sh(x[k], _MM_FROUND_TO_NEAREST_INT);
+#endif
+            }
+#undef PD_INDEX
+    return 0;
+}

@@ -1,0 +1,42 @@
+"""SET_ROWS of float32 rows into float32 or fp16 rows (the KV cache) in the compiled kernels.
+
+A decode step writes one K and one V row per layer; as numpy fancy indexing with an index
+check and a float16 conversion each write cost about 25 µs. The compiled kernel checks every
+index first (nothing is written when one is out of range, and the array kernel's check then
+raises the same OutOfBoundsError), broadcasts the indices as ggml does, and rounds to fp16 as
+numpy does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from polydev.backends.array.movement import bind_set_rows
+from polydev.tensor import Tensor
+from polydev.types import TYPE_TRAITS, GGMLType
+
+from .native import kernels
+
+_DST_TYPES = (GGMLType.F32, GGMLType.F16)
+
+
+def native_set_rows_ok(node: Tensor) -> bool:
+    b, c = node.src[0], node.src[1]
+    return (kernels() is not None and b.type == GGMLType.F32 and node.type in _DST_TYPES
+            and c.type in (GGMLType.I32, GGMLType.I64) and b.nb[0] == 4
+            and node.nb[0] == TYPE_TRAITS[node.type].type_size)
+
+
+def bind_native_set_rows(env, node: Tensor) -> Callable[[], None]:
+    b, c = node.src[0], node.src[1]
+    args = (env.view(b).ctypes.data, *b.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
+            env.view(c).ctypes.data, int(c.type == GGMLType.I64), *c.nb[:3], c.ne[1], c.ne[2],
+            node.ne[0], b.ne[1], node.ne[1], node.ne[2], node.ne[3],
+            int(node.type == GGMLType.F16))
+    set_rows = kernels().set_rows_f32
+    checked = bind_set_rows(env, node)   # raises the error for a bad index; fp16 without F16C
+
+    def run() -> None:
+        if set_rows(*args):
+            checked()
+    return run
