@@ -85,8 +85,8 @@ class OpenCLDevice(Device):
         with self._lock:
             if self._programs is None:
                 defaults = {"LS": self.row_group_size, "TS": self.tile_size}
-                if self.barrier_free:
-                    defaults["HALF_BY_BITS"] = True
+                if self.barrier_free:        # a CPU driver: see common.h
+                    defaults["HALF_BY_BITS"] = defaults["VLOAD_BY_CAST"] = True
                 self._programs = ProgramCache(self.cl, self.platform.context, self.cl_device,
                                               defaults)
             return self._programs

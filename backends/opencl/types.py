@@ -14,8 +14,10 @@ QUANT_NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_
                GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q4_K: "q4_K",
                GGMLType.Q5_K: "q5_K", GGMLType.Q6_K: "q6_K"}
 MATMUL_WEIGHTS = FLOATS + tuple(QUANT_NAMES)
-# the block formats with a lane-wise decoder (common.h's deq32v_*, built with -D VEC_DEQ)
-VEC_DECODED = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q6_K)
+# the block formats whose lane-wise decoder (common.h's deq32v_*, built with -D VEC_DEQ) PoCL
+# ran faster than their scalar one (deq32_*)
+VEC_DECODED = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+               GGMLType.Q4_K, GGMLType.Q6_K)
 # the block formats quantize.cl can write (ggml's reference quantizers)
 ENCODABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
 

@@ -18,6 +18,20 @@
 #define ROW(t, i1, i2, i3) (t##_data + t##_offs + (ulong)(i1) * t##_nb1 + \
     (ulong)(i2) * t##_nb2 + (ulong)(i3) * t##_nb3)
 
+// VLOAD16(T, i, p): vload16(i, p) into a T (a 16-lane vector of p's element type). PoCL's
+// vload16 is an out-of-line call into its kernel library, several times the cost of the load
+// in a mat-vec's inner loop; -D VLOAD_BY_CAST (given on CPU devices, where clang compiles the
+// kernels) reads through a vector type aligned to its element, one unaligned vector load.
+#ifdef VLOAD_BY_CAST
+typedef ushort16 ushort16_unaligned __attribute__((aligned(2)));
+typedef uchar16 uchar16_unaligned __attribute__((aligned(1)));
+typedef char16 char16_unaligned __attribute__((aligned(1)));
+typedef float16 float16_unaligned __attribute__((aligned(4)));
+#define VLOAD16(T, i, p) (((const global T##_unaligned *) (p))[i])
+#else
+#define VLOAD16(T, i, p) vload16(i, p)
+#endif
+
 #ifdef HALF_BY_BITS
 // A CPU driver (PoCL) converts each half in software, call by call; the same conversion as
 // integer arithmetic is exact (subnormals, infinities and NaN payloads included), inlines
@@ -41,7 +55,7 @@ inline float16 half16_bits(ushort16 h16) {
 
 inline float load_f16(const global char * p) { return half_bits(*(const global ushort *) p); }
 inline float16 load_f16x16(const global half * p, int i) {
-    return half16_bits(vload16(i, (const global ushort *) p));
+    return half16_bits(VLOAD16(ushort16, i, (const global ushort *) p));
 }
 #else
 inline float load_f16(const global char * p) { return vload_half(0, (const global half *) p); }
@@ -76,6 +90,10 @@ inline void store_i32(global char * p, float v) { *(global int *) p = (int) v; }
 #define LOAD1(p) CAT(load, SRC1_T)(p)
 #define LOADM(p) CAT(load, MASK_T)(p)
 #define STORE(p, v) CAT(store, DST_T)(p, v)
+
+// The 32-value decoders sit in mat-vec inner loops; LLVM declines to inline the larger ones
+// (the K-quants), and a call returns its vectors through memory
+#define DECODER inline __attribute__((always_inline))
 
 // --- block formats: element i of a row (ggml's dequantize_row_* element by element) --------
 
@@ -170,7 +188,7 @@ inline float deq_f16(const global uchar * row, int i) {
 // --- 32 values at once: chunk c of a row (a legacy block, or a K-quant sub-block, whose
 // scales are decoded once) --------------------------------------------------------------
 
-inline void deq32_q4_0(const global uchar * row, int c, float * y) {
+DECODER void deq32_q4_0(const global uchar * row, int c, float * y) {
     const global uchar * b = row + c * 18;
     float d = f16_at(b);
     for (int j = 0; j < 16; j++) {
@@ -179,7 +197,7 @@ inline void deq32_q4_0(const global uchar * row, int c, float * y) {
     }
 }
 
-inline void deq32_q4_1(const global uchar * row, int c, float * y) {
+DECODER void deq32_q4_1(const global uchar * row, int c, float * y) {
     const global uchar * b = row + c * 20;
     float d = f16_at(b), m = f16_at(b + 2);
     for (int j = 0; j < 16; j++) {
@@ -188,7 +206,7 @@ inline void deq32_q4_1(const global uchar * row, int c, float * y) {
     }
 }
 
-inline void deq32_q5_0(const global uchar * row, int c, float * y) {
+DECODER void deq32_q5_0(const global uchar * row, int c, float * y) {
     const global uchar * b = row + c * 22;
     float d = f16_at(b);
     for (int j = 0; j < 16; j++) {
@@ -197,7 +215,7 @@ inline void deq32_q5_0(const global uchar * row, int c, float * y) {
     }
 }
 
-inline void deq32_q5_1(const global uchar * row, int c, float * y) {
+DECODER void deq32_q5_1(const global uchar * row, int c, float * y) {
     const global uchar * b = row + c * 24;
     float d = f16_at(b), m = f16_at(b + 2);
     for (int j = 0; j < 16; j++) {
@@ -206,13 +224,13 @@ inline void deq32_q5_1(const global uchar * row, int c, float * y) {
     }
 }
 
-inline void deq32_q8_0(const global uchar * row, int c, float * y) {
+DECODER void deq32_q8_0(const global uchar * row, int c, float * y) {
     const global uchar * b = row + c * 34;
     float d = f16_at(b);
     for (int j = 0; j < 32; j++) y[j] = ((const global char *) b)[2 + j] * d;
 }
 
-inline void deq32_q4_K(const global uchar * row, int c, float * y) {
+DECODER void deq32_q4_K(const global uchar * row, int c, float * y) {
     const global uchar * b = row + (c / 8) * 144;
     int sub = c % 8, g = sub / 2, hi = sub % 2;
     float sc, m;
@@ -222,7 +240,7 @@ inline void deq32_q4_K(const global uchar * row, int c, float * y) {
     for (int l = 0; l < 32; l++) y[l] = d1 * (hi ? q[l] >> 4 : q[l] & 0xF) - m1;
 }
 
-inline void deq32_q5_K(const global uchar * row, int c, float * y) {
+DECODER void deq32_q5_K(const global uchar * row, int c, float * y) {
     const global uchar * b = row + (c / 8) * 176;
     int sub = c % 8, g = sub / 2, hi = sub % 2;
     float sc, m;
@@ -235,7 +253,7 @@ inline void deq32_q5_K(const global uchar * row, int c, float * y) {
     }
 }
 
-inline void deq32_q6_K(const global uchar * row, int c, float * y) {
+DECODER void deq32_q6_K(const global uchar * row, int c, float * y) {
     const global uchar * b = row + (c / 8) * 210;
     int sub = c % 8, h = sub / 4, quarter = sub % 4;
     const global uchar * ql = b + 64 * h + (quarter & 1) * 32;
@@ -251,22 +269,41 @@ inline void deq32_q6_K(const global uchar * row, int c, float * y) {
 
 // --- 32 values as two float16 vectors (values 0-15 and 16-31), for the barrier-free
 // kernels of CPU devices: the same values as deq32_*, computed lane-wise. Only where PoCL
-// ran them faster than deq32_* (Q8_0 and Q4_K were slower lane-wise) ------------------------
+// ran them faster than deq32_* (Q5_K was not) ------------------------------------------------
 
-inline void deq32v_q4_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+DECODER void deq32v_q4_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
     const global uchar * b = row + c * 18;
     float d = f16_at(b);
-    uchar16 qs = vload16(0, b + 2);
+    uchar16 qs = VLOAD16(uchar16, 0, b + 2);
     *lo = convert_float16(convert_int16(qs & (uchar16) (15)) - 8) * d;
     *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) - 8) * d;
 }
 
-inline void deq32v_q4_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
+DECODER void deq32v_q4_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
     const global uchar * b = row + c * 20;
     float d = f16_at(b), m = f16_at(b + 2);
-    uchar16 qs = vload16(0, b + 4);
+    uchar16 qs = VLOAD16(uchar16, 0, b + 4);
     *lo = convert_float16(qs & (uchar16) (15)) * d + m;
     *hi = convert_float16(qs >> (uchar16) (4)) * d + m;
+}
+
+DECODER void deq32v_q8_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+    const global uchar * b = row + c * 34;
+    float d = f16_at(b);
+    *lo = convert_float16(VLOAD16(char16, 0, (const global char *) (b + 2))) * d;
+    *hi = convert_float16(VLOAD16(char16, 1, (const global char *) (b + 2))) * d;
+}
+
+DECODER void deq32v_q4_K(const global uchar * row, int c, float16 * lo, float16 * hi) {
+    const global uchar * b = row + (c / 8) * 144;
+    int sub = c % 8, g = sub / 2;
+    float sc, m;
+    scale_min_k4(sub, b + 4, &sc, &m);
+    float d1 = f16_at(b) * sc, m1 = f16_at(b + 2) * m;
+    const global uchar * q = b + 16 + 32 * g;
+    uchar shift = (sub % 2) ? 4 : 0;
+    *lo = d1 * convert_float16((VLOAD16(uchar16, 0, q) >> shift) & (uchar16) (15)) - m1;
+    *hi = d1 * convert_float16((VLOAD16(uchar16, 1, q) >> shift) & (uchar16) (15)) - m1;
 }
 
 // bit j of the 32 high bits at p, as 16 (ggml's qh, little-endian, unaligned)
@@ -276,23 +313,23 @@ inline int16 q5_high_bits(const global uchar * p, int first) {
     return convert_int16(((uint16) (qh) >> (bit + (uint) first)) & (uint16) (1)) << 4;
 }
 
-inline void deq32v_q5_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+DECODER void deq32v_q5_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
     const global uchar * b = row + c * 22;
     float d = f16_at(b);
-    uchar16 qs = vload16(0, b + 6);
+    uchar16 qs = VLOAD16(uchar16, 0, b + 6);
     *lo = convert_float16((convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 2, 0)) - 16) * d;
     *hi = convert_float16((convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 2, 16)) - 16) * d;
 }
 
-inline void deq32v_q5_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
+DECODER void deq32v_q5_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
     const global uchar * b = row + c * 24;
     float d = f16_at(b), m = f16_at(b + 2);
-    uchar16 qs = vload16(0, b + 8);
+    uchar16 qs = VLOAD16(uchar16, 0, b + 8);
     *lo = convert_float16(convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 4, 0)) * d + m;
     *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 4, 16)) * d + m;
 }
 
-inline void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 * hi) {
+DECODER void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 * hi) {
     const global uchar * b = row + (c / 8) * 210;
     int sub = c % 8, h = sub / 4, quarter = sub % 4;
     const global uchar * ql = b + 64 * h + (quarter & 1) * 32;
@@ -300,10 +337,10 @@ inline void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 *
     const global char * sc = (const global char *) (b + 192 + 8 * h);
     float d = f16_at(b + 208);
     uchar lshift = (quarter & 2) ? 4 : 0, hshift = 2 * quarter;
-    int16 q0 = convert_int16(((vload16(0, ql) >> lshift) & (uchar16) (15))
-                             | (((vload16(0, qh) >> hshift) & (uchar16) (3)) << (uchar16) (4))) - 32;
-    int16 q1 = convert_int16(((vload16(1, ql) >> lshift) & (uchar16) (15))
-                             | (((vload16(1, qh) >> hshift) & (uchar16) (3)) << (uchar16) (4))) - 32;
+    int16 q0 = convert_int16(((VLOAD16(uchar16, 0, ql) >> lshift) & (uchar16) (15))
+                             | (((VLOAD16(uchar16, 0, qh) >> hshift) & (uchar16) (3)) << (uchar16) (4))) - 32;
+    int16 q1 = convert_int16(((VLOAD16(uchar16, 1, ql) >> lshift) & (uchar16) (15))
+                             | (((VLOAD16(uchar16, 1, qh) >> hshift) & (uchar16) (3)) << (uchar16) (4))) - 32;
     *lo = (d * sc[2 * quarter]) * convert_float16(q0);
     *hi = (d * sc[1 + 2 * quarter]) * convert_float16(q1);
 }
@@ -314,8 +351,8 @@ inline void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 *
 #ifdef VEC_DEQ
 #define DEQ32V(row, c, lo, hi) CAT(deq32v, QUANT_T)(row, c, lo, hi)
 #else   // a block format without a lane-wise decoder: its scalar one, then loaded as vectors
-#define DEQ32V(row, c, lo, hi) do { float y_[32]; DEQ32(row, c, y_); \
-    *(lo) = vload16(0, y_); *(hi) = vload16(1, y_); } while (0)
+#define DEQ32V(row, c, lo, hi) do { float16 y_[2]; DEQ32(row, c, (float *) y_); \
+    *(lo) = y_[0]; *(hi) = y_[1]; } while (0)
 #endif
 #endif
 

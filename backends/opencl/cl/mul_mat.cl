@@ -101,7 +101,7 @@ inline float sum16(float16 v) {
     return c.x + c.y;
 }
 
-inline void chunk32(const global char * row, int c, float16 * lo, float16 * hi) {
+DECODER void chunk32(const global char * row, int c, float16 * lo, float16 * hi) {
 #ifdef QUANT_T
     DEQ32V((const global uchar *) row, c, lo, hi);
 #else
@@ -109,8 +109,8 @@ inline void chunk32(const global char * row, int c, float16 * lo, float16 * hi) 
     *lo = load_f16x16((const global half *) row + 32 * c, 0);
     *hi = load_f16x16((const global half *) row + 32 * c, 1);
 #else
-    *lo = vload16(0, (const global float *) row + 32 * c);
-    *hi = vload16(1, (const global float *) row + 32 * c);
+    *lo = VLOAD16(float16, 0, (const global float *) row + 32 * c);
+    *hi = VLOAD16(float16, 1, (const global float *) row + 32 * c);
 #endif
 #endif
 }
@@ -120,18 +120,29 @@ kernel void mul_mat_vec_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
     if (r0 >= src0_ne1) return;
     int i11 = c % src1_ne1, i12 = (c / src1_ne1) % src1_ne2, i13 = c / (src1_ne1 * src1_ne2);
     int i02 = i12 / (src1_ne2 / src0_ne2), i03 = i13 / (src1_ne3 / src0_ne3);
-    int rows = min(MV_ROWS, src0_ne1 - r0);
     const global float * x = (const global float *) ADDR(src1, 0, i11, i12, i13);
+    // a fixed count of rows keeps the accumulators in registers: the last work-item's rows
+    // past the end re-read the last row, and are not written
+    const global char * row[MV_ROWS];
     float16 acc[MV_ROWS];
-    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
+    #pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) {
+        row[r] = ROW(src0, r0 + r < src0_ne1 ? r0 + r : src0_ne1 - 1, i02, i03);
+        acc[r] = 0.0f;
+    }
     for (int ch = 0; ch < src0_ne0 / 32; ch++) {
-        float16 x0 = vload16(0, x + 32 * ch), x1 = vload16(1, x + 32 * ch), lo, hi;
-        for (int r = 0; r < rows; r++) {
-            chunk32(ROW(src0, r0 + r, i02, i03), ch, &lo, &hi);
-            acc[r] += lo * x0 + hi * x1;
+        float16 x0 = VLOAD16(float16, 0, x + 32 * ch), x1 = VLOAD16(float16, 1, x + 32 * ch);
+        #pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) {
+            // fused multiply-adds, as the CPU backend's kernels (PoCL's fma() is a call)
+            #pragma OPENCL FP_CONTRACT ON
+            float16 lo, hi;
+            chunk32(row[r], ch, &lo, &hi);
+            acc[r] = acc[r] + lo * x0;
+            acc[r] = acc[r] + hi * x1;
         }
     }
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < MV_ROWS && r0 + r < src0_ne1; r++) {
         *(global float *) ADDR(dst, r0 + r, i11, i12, i13) = sum16(acc[r]);
     }
 }
