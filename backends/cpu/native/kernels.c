@@ -258,6 +258,25 @@ static inline __attribute__((always_inline)) void i8_to_f32(__m256i v, __m256 *o
     out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
 }
 
+/* 8 bytes at p widened to eight 32-bit lanes (unsigned or signed): the widening reads memory
+ * itself, where widening a loaded vector takes an extract or shift per 8 bytes */
+static inline __attribute__((always_inline)) __m256i u8x8(const uint8_t *p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+static inline __attribute__((always_inline)) __m256i i8x8(const uint8_t *p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* 16 bytes of nibbles as 32-bit lanes: the low nibbles are elements 0-15, the high ones 16-31 */
+static inline __attribute__((always_inline)) void nibbles_i32(const uint8_t *qs, __m256i *q) {
+    __m256i a = u8x8(qs), b = u8x8(qs + 8), mask = _mm256_set1_epi32(0xF);
+    q[0] = _mm256_and_si256(a, mask);
+    q[1] = _mm256_and_si256(b, mask);
+    q[2] = _mm256_srli_epi32(a, 4);
+    q[3] = _mm256_srli_epi32(b, 4);
+}
+
 /* 16 bytes of nibbles: the low nibbles (elements 0-15) then the high ones (16-31) */
 static inline __attribute__((always_inline)) __m256i nibbles(const uint8_t *qs) {
     __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0xF);
@@ -293,13 +312,17 @@ static inline __attribute__((always_inline)) void scale_sub(__m256 *w, float d, 
 
 static inline __attribute__((always_inline)) void g_q4_0(const uint8_t *b, int g, __m256 *w) {
     (void)g;
-    i8_to_f32(_mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)), w);
+    __m256i q[4];
+    nibbles_i32(b + 2, q);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], _mm256_set1_epi32(8)));
     scale_all(w, f16(b));
 }
 
 static inline __attribute__((always_inline)) void g_q4_1(const uint8_t *b, int g, __m256 *w) {
     (void)g;
-    u8_to_f32(nibbles(b + 4), w);
+    __m256i q[4];
+    nibbles_i32(b + 4, q);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_cvtepi32_ps(q[k]);
     scale_add(w, f16(b), f16(b + 2));
 }
 
@@ -318,7 +341,7 @@ static inline __attribute__((always_inline)) void g_q5_1(const uint8_t *b, int g
 
 static inline __attribute__((always_inline)) void g_q8_0(const uint8_t *b, int g, __m256 *w) {
     (void)g;
-    i8_to_f32(_mm256_loadu_si256((const __m256i *)(b + 2)), w);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_cvtepi32_ps(i8x8(b + 2 + 8 * k));
     scale_all(w, f16(b));
 }
 
