@@ -1,13 +1,13 @@
 """MUL_MAT with a block-format (or F16) weight, read in place by the compiled kernels.
 
-A few activation rows (a decode step) multiply straight from the weight's blocks: each block
-is decoded in registers and used at once, so a product reads the weight's own bytes, not a
-float32 copy of four to seven times their size. Many rows (a prompt) decode the weight a tile
-of rows at a time into one scratch buffer and multiply each tile through BLAS, which is faster
-per row than the kernels once rows are many, and still holds no float32 copy of the weight.
-Either way the values are ggml's decoded values, so results equal the numpy path's up to the
-order of the sums. Shapes the kernels do not take (batched weights, strided activations)
-fall back to the shared array kernel.
+A few activation rows (a decode step) multiply straight from the weight's blocks: each block's
+quantized values are widened in registers and used at once, its scale applied to its partial
+sum, so a product reads the weight's own bytes, not a float32 copy of four to seven times
+their size. Many rows (a prompt) decode the weight a tile of rows at a time into one scratch
+buffer and multiply each tile through BLAS, which is faster per row than the kernels once rows
+are many, and still holds no float32 copy of the weight. Either way the values are ggml's
+decoded values, so results equal the numpy path's up to float32 rounding. Shapes the kernels
+do not take (batched weights, strided activations) fall back to the shared array kernel.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@
  * difference from the numpy path (decode, then BLAS) is the order of the sums.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #if defined(__F16C__) || defined(__AVX2__)
@@ -200,7 +201,8 @@ static inline __attribute__((always_inline)) void dot_block(const float *restric
 #define ROWS_TIMES(NAME, BLOCK, BYTES, DQ)                                                    \
 static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int64_t K,     \
                  const float *x, int64_t x_stride, int64_t n_rows, float *y,                \
-                 int64_t y_stride) {                                                        \
+                 int64_t y_stride, const float *sums) {                                     \
+    (void)sums;                                                                             \
     float buf[BLOCK] __attribute__((aligned(32)));                                          \
     int64_t nb = K / (BLOCK);                                                               \
     for (int64_t r0 = 0; r0 < n_rows; r0 += MAX_ROWS) {                                     \
@@ -235,9 +237,10 @@ ROWS_TIMES(rows_q6_k, QK_K, 210, dq_q6_k)
 
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* --- AVX2: each 32-element group decoded into four vectors of 8 floats, then FMAs ------------
- * The decoded values are the scalar decoders' values (the same float32 operations), so these
- * kernels give what the loops above give, only faster. */
+/* --- AVX2: 32-element groups as four vectors of 8 floats ---------------------------------------
+ * Decoded groups (g_*) hold the scalar decoders' values (the same float32 operations): the
+ * dequantizer and the f16/Q6_K products give what the loops above give. The other products
+ * factor each group's scale out of its sum (AVX_SCALED_ROWS), as ggml's own dot products do. */
 
 #define AVX_KERNELS 1
 
@@ -305,66 +308,60 @@ static inline __attribute__((always_inline)) void scale_add(__m256 *w, float d, 
     for (int k = 0; k < 4; k++) w[k] = _mm256_add_ps(_mm256_mul_ps(w[k], vd), vm);
 }
 
-static inline __attribute__((always_inline)) void scale_sub(__m256 *w, float d, float m) {
-    __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-    for (int k = 0; k < 4; k++) w[k] = _mm256_sub_ps(_mm256_mul_ps(vd, w[k]), vm);
+/* --- a 32-value group as its quantized values q (as floats) and the map its decoding applies,
+ * w = d * q + m: the products below factor d and m out of their sums ---------------------- */
+#define QUANTS(NAME) static inline __attribute__((always_inline)) void NAME(                 \
+    const uint8_t *b, int g, __m256 *q, float *d, float *m)
+
+QUANTS(q_q4_0) {
+    (void)g;
+    __m256i v[4];
+    nibbles_i32(b + 2, v);
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(v[k], _mm256_set1_epi32(8)));
+    *d = f16(b), *m = 0.0f;
 }
 
-static inline __attribute__((always_inline)) void g_q4_0(const uint8_t *b, int g, __m256 *w) {
+QUANTS(q_q4_1) {
     (void)g;
-    __m256i q[4];
-    nibbles_i32(b + 2, q);
-    for (int k = 0; k < 4; k++) w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], _mm256_set1_epi32(8)));
-    scale_all(w, f16(b));
+    __m256i v[4];
+    nibbles_i32(b + 4, v);
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtepi32_ps(v[k]);
+    *d = f16(b), *m = f16(b + 2);
 }
 
-static inline __attribute__((always_inline)) void g_q4_1(const uint8_t *b, int g, __m256 *w) {
+QUANTS(q_q5_0) {
     (void)g;
-    __m256i q[4];
-    nibbles_i32(b + 4, q);
-    for (int k = 0; k < 4; k++) w[k] = _mm256_cvtepi32_ps(q[k]);
-    scale_add(w, f16(b), f16(b + 2));
+    __m256i v = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
+    i8_to_f32(_mm256_sub_epi8(v, _mm256_set1_epi8(16)), q);
+    *d = f16(b), *m = 0.0f;
 }
 
-static inline __attribute__((always_inline)) void g_q5_0(const uint8_t *b, int g, __m256 *w) {
+QUANTS(q_q5_1) {
     (void)g;
-    __m256i q = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
-    i8_to_f32(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), w);
-    scale_all(w, f16(b));
+    u8_to_f32(_mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)), q);
+    *d = f16(b), *m = f16(b + 2);
 }
 
-static inline __attribute__((always_inline)) void g_q5_1(const uint8_t *b, int g, __m256 *w) {
+QUANTS(q_q8_0) {
     (void)g;
-    u8_to_f32(_mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)), w);
-    scale_add(w, f16(b), f16(b + 2));
-}
-
-static inline __attribute__((always_inline)) void g_q8_0(const uint8_t *b, int g, __m256 *w) {
-    (void)g;
-    for (int k = 0; k < 4; k++) w[k] = _mm256_cvtepi32_ps(i8x8(b + 2 + 8 * k));
-    scale_all(w, f16(b));
-}
-
-static inline __attribute__((always_inline)) void g_f16(const uint8_t *b, int g, __m256 *w) {
-    (void)g;
-    for (int k = 0; k < 4; k++)
-        w[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16 * k)));
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtepi32_ps(i8x8(b + 2 + 8 * k));
+    *d = f16(b), *m = 0.0f;
 }
 
 /* group g of a Q4_K block: nibble (g & 1) of bytes 32 (g / 2) .. + 31, scale and min g */
-static inline __attribute__((always_inline)) void g_q4_k(const uint8_t *b, int g, __m256 *w) {
-    uint8_t sc, m;
-    scale_min_k4(g, b + 4, &sc, &m);
+QUANTS(q_q4_k) {
+    uint8_t sc, mn;
+    scale_min_k4(g, b + 4, &sc, &mn);
     __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (g >> 1)));
     if (g & 1) v = _mm256_srli_epi16(v, 4);
-    u8_to_f32(_mm256_and_si256(v, _mm256_set1_epi8(0xF)), w);
-    scale_sub(w, f16(b) * sc, f16(b + 2) * m);
+    u8_to_f32(_mm256_and_si256(v, _mm256_set1_epi8(0xF)), q);
+    *d = f16(b) * sc, *m = -(f16(b + 2) * mn);
 }
 
 /* group g of a Q5_K block: as Q4_K, plus bit g of qh[l] as 16 */
-static inline __attribute__((always_inline)) void g_q5_k(const uint8_t *b, int g, __m256 *w) {
-    uint8_t sc, m;
-    scale_min_k4(g, b + 4, &sc, &m);
+QUANTS(q_q5_k) {
+    uint8_t sc, mn;
+    scale_min_k4(g, b + 4, &sc, &mn);
     __m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (g >> 1)));
     if (g & 1) v = _mm256_srli_epi16(v, 4);
     v = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
@@ -372,8 +369,31 @@ static inline __attribute__((always_inline)) void g_q5_k(const uint8_t *b, int g
     __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
     __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
                                     _mm256_set1_epi8(16));
-    u8_to_f32(_mm256_or_si256(v, high), w);
-    scale_sub(w, f16(b) * sc, f16(b + 2) * m);
+    u8_to_f32(_mm256_or_si256(v, high), q);
+    *d = f16(b) * sc, *m = -(f16(b + 2) * mn);
+}
+
+/* the decoded group, d * q + m in float32 as the scalar decoders round it (d * q - |m| is
+ * d * q + m exactly) */
+#define DECODED(NAME, Q, HAS_MIN)                                                            \
+static inline __attribute__((always_inline)) void NAME(const uint8_t *b, int g, __m256 *w) {  \
+    float d, m;                                                                             \
+    Q(b, g, w, &d, &m);                                                                     \
+    if (HAS_MIN) scale_add(w, d, m); else scale_all(w, d);                                  \
+}
+
+DECODED(g_q4_0, q_q4_0, 0)
+DECODED(g_q4_1, q_q4_1, 1)
+DECODED(g_q5_0, q_q5_0, 0)
+DECODED(g_q5_1, q_q5_1, 1)
+DECODED(g_q8_0, q_q8_0, 0)
+DECODED(g_q4_k, q_q4_k, 1)
+DECODED(g_q5_k, q_q5_k, 1)
+
+static inline __attribute__((always_inline)) void g_f16(const uint8_t *b, int g, __m256 *w) {
+    (void)g;
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16 * k)));
 }
 
 /* group g of a Q6_K block: half n = g / 4, quarter q = g % 4 of that half */
@@ -406,7 +426,8 @@ static inline __attribute__((always_inline)) float hsum(__m256 v) {
 #define AVX_ROWS_TIMES(NAME, BLOCK, BYTES, G)                                                \
 static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int64_t K,     \
                  const float *x, int64_t x_stride, int64_t n_rows, float *y,                \
-                 int64_t y_stride) {                                                        \
+                 int64_t y_stride, const float *sums) {                                     \
+    (void)sums;                                                                             \
     int64_t nb = K / (BLOCK);                                                               \
     for (int64_t r0 = 0; r0 < n_rows; r0 += MAX_ROWS) {                                     \
         int64_t nr = n_rows - r0 < MAX_ROWS ? n_rows - r0 : MAX_ROWS;                       \
@@ -434,14 +455,55 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int
     }                                                                                       \
 }
 
+/* The same product with each group's map factored out of its sum:
+ * sum_j (d q_j + m) x_j = d (sum_j q_j x_j) + m (sum_j x_j), the group sums of x computed once
+ * per call (sums[r * K / 32 + group]). Four vector operations a group fewer than decoding
+ * first; the rounding differs from the decoded product's by float32 rounding. */
+#define AVX_SCALED_ROWS(NAME, BLOCK, BYTES, Q, HAS_MIN)                                      \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int64_t K,     \
+                 const float *x, int64_t x_stride, int64_t n_rows, float *y,                \
+                 int64_t y_stride, const float *sums) {                                     \
+    int64_t nb = K / (BLOCK), ng = K / 32;                                                  \
+    for (int64_t r0 = 0; r0 < n_rows; r0 += MAX_ROWS) {                                     \
+        int64_t nr = n_rows - r0 < MAX_ROWS ? n_rows - r0 : MAX_ROWS;                       \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
+            const uint8_t *row = w + i * w_stride;                                          \
+            __m256 acc[MAX_ROWS];                                                           \
+            float shift[MAX_ROWS];                                                          \
+            for (int64_t r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps(), shift[r] = 0.0f; \
+            for (int64_t b = 0; b < nb; b++) {                                              \
+                for (int g = 0; g < (BLOCK) / 32; g++) {                                    \
+                    __m256 q[4];                                                            \
+                    float d, m;                                                             \
+                    Q(row + b * (BYTES), g, q, &d, &m);                                     \
+                    __m256 vd = _mm256_set1_ps(d);                                          \
+                    int64_t group = b * ((BLOCK) / 32) + g;                                 \
+                    for (int64_t r = 0; r < nr; r++) {                                      \
+                        const float *xg = x + (r0 + r) * x_stride + 32 * group;             \
+                        __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xg));                \
+                        t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xg + 8), t);              \
+                        t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xg + 16), t);             \
+                        t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xg + 24), t);             \
+                        acc[r] = _mm256_fmadd_ps(vd, t, acc[r]);                            \
+                        if (HAS_MIN) shift[r] = fmaf(m, sums[(r0 + r) * ng + group], shift[r]); \
+                    }                                                                       \
+                }                                                                           \
+            }                                                                               \
+            for (int64_t r = 0; r < nr; r++)                                                \
+                y[(r0 + r) * y_stride + i] = hsum(acc[r]) + shift[r];                       \
+        }                                                                                   \
+    }                                                                                       \
+}
+
+AVX_SCALED_ROWS(avx_q4_0, QK, 18, q_q4_0, 0)
+AVX_SCALED_ROWS(avx_q4_1, QK, 20, q_q4_1, 1)
+AVX_SCALED_ROWS(avx_q5_0, QK, 22, q_q5_0, 0)
+AVX_SCALED_ROWS(avx_q5_1, QK, 24, q_q5_1, 1)
+AVX_SCALED_ROWS(avx_q8_0, QK, 34, q_q8_0, 0)
+AVX_SCALED_ROWS(avx_q4_k, QK_K, 144, q_q4_k, 1)
+AVX_SCALED_ROWS(avx_q5_k, QK_K, 176, q_q5_k, 1)
+
 AVX_ROWS_TIMES(avx_f16, QK, 64, g_f16)
-AVX_ROWS_TIMES(avx_q4_0, QK, 18, g_q4_0)
-AVX_ROWS_TIMES(avx_q4_1, QK, 20, g_q4_1)
-AVX_ROWS_TIMES(avx_q5_0, QK, 22, g_q5_0)
-AVX_ROWS_TIMES(avx_q5_1, QK, 24, g_q5_1)
-AVX_ROWS_TIMES(avx_q8_0, QK, 34, g_q8_0)
-AVX_ROWS_TIMES(avx_q4_k, QK_K, 144, g_q4_k)
-AVX_ROWS_TIMES(avx_q5_k, QK_K, 176, g_q5_k)
 AVX_ROWS_TIMES(avx_q6_k, QK_K, 210, g_q6_k)
 
 #define AVX_DEQUANTIZE(NAME, BLOCK, BYTES, G)                                                \
@@ -483,23 +545,11 @@ static row_decoder avx_row_decoder(int type) {
 }
 #endif
 
+/* sums: the activations' 32-value group sums (group_sums), where the kernel needs them */
 typedef void (*rows_kernel)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
-                            int64_t, int64_t, float *, int64_t);
+                            int64_t, int64_t, float *, int64_t, const float *);
 
-static rows_kernel rows_of(int type) {
-#ifdef AVX_KERNELS
-    switch (type) {
-    case T_F16:  return avx_f16;
-    case T_Q4_0: return avx_q4_0;
-    case T_Q4_1: return avx_q4_1;
-    case T_Q5_0: return avx_q5_0;
-    case T_Q5_1: return avx_q5_1;
-    case T_Q8_0: return avx_q8_0;
-    case T_Q4_K: return avx_q4_k;
-    case T_Q5_K: return avx_q5_k;
-    case T_Q6_K: return avx_q6_k;
-    }
-#endif
+static rows_kernel scalar_rows_of(int type) {
     switch (type) {
     case T_F16:  return rows_f16;
     case T_Q4_0: return rows_q4_0;
@@ -514,20 +564,55 @@ static rows_kernel rows_of(int type) {
     return 0;
 }
 
+/* The fastest kernel of `type`; *needs_sums: it reads the activations' group sums. */
+static rows_kernel rows_of(int type, int *needs_sums) {
+    *needs_sums = 0;
+#ifdef AVX_KERNELS
+    switch (type) {
+    case T_F16:  return avx_f16;
+    case T_Q4_0: return avx_q4_0;
+    case T_Q4_1: *needs_sums = 1; return avx_q4_1;
+    case T_Q5_0: return avx_q5_0;
+    case T_Q5_1: *needs_sums = 1; return avx_q5_1;
+    case T_Q8_0: return avx_q8_0;
+    case T_Q4_K: *needs_sums = 1; return avx_q4_k;
+    case T_Q5_K: *needs_sums = 1; return avx_q5_k;
+    case T_Q6_K: return avx_q6_k;
+    }
+#endif
+    return scalar_rows_of(type);
+}
+
+/* sums[r * K / 32 + j]: the sum of x[r, 32 j .. 32 j + 31] */
+static void group_sums(const float *x, int64_t x_stride, int64_t n_rows, int64_t K, float *sums) {
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t j = 0; j < K / 32; j++) {
+            const float *xg = x + r * x_stride + 32 * j;
+            float s = 0.0f;
+            for (int l = 0; l < 32; l++) s += xg[l];
+            sums[r * (K / 32) + j] = s;
+        }
+}
+
 /* The product of an M x K block-format weight (rows `w_stride` bytes apart) with n_rows
  * float32 activation rows of length K: y[r, i] = sum_k W[i, k] x[r, k]. Rows of W are shared
  * among n_threads threads; K is a whole number of blocks (the caller checks). */
 void pd_mul_mat(int type, const uint8_t *w, int64_t w_stride, int64_t M, int64_t K,
                 const float *x, int64_t x_stride, int64_t n_rows,
                 float *y, int64_t y_stride, int n_threads) {
-    rows_kernel rows = rows_of(type);
+    int needs_sums;
+    rows_kernel rows = rows_of(type, &needs_sums);
+    float *sums = needs_sums ? malloc(sizeof(float) * n_rows * (K / 32)) : NULL;
+    if (sums) group_sums(x, x_stride, n_rows, K, sums);
+    else if (needs_sums) rows = scalar_rows_of(type);     /* no memory: the decoding loops */
     const int64_t chunk = 16;
     int64_t n_chunks = (M + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
     for (int64_t c = 0; c < n_chunks; c++) {
         int64_t i1 = (c + 1) * chunk < M ? (c + 1) * chunk : M;
-        rows(w, w_stride, c * chunk, i1, K, x, x_stride, n_rows, y, y_stride);
+        rows(w, w_stride, c * chunk, i1, K, x, x_stride, n_rows, y, y_stride, sums);
     }
+    free(sums);
 }
 
 /* Rows [i0, i1) of a block-format weight to float32, out[(i - i0) * K + k]. */
