@@ -15,7 +15,8 @@ from polydev.tensor import Tensor
 
 
 from .types import (ENCODABLE, F16, F32, FLASH_ATTN_ROWS_MAX_DV, FN_CODES, FN_DEFINES, I32, I64,
-                    MAT_VEC_MAX_COLUMNS, MV_GROUP, MV_ROWS, PLAIN_NAMES, QUANT_NAMES, VEC_DECODED)
+                    MAT_VEC_MAX_COLUMNS, MV_GROUP, MV_ROWS, PLAIN_NAMES, QUANT_NAMES, VEC_DECODED,
+                    VEC_QUANTS)
 
 if TYPE_CHECKING:
     from .backend import OpenCLBackend
@@ -264,7 +265,9 @@ def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
     args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node)
     batches = b.ne[2] * b.ne[3]
     if b.ne[1] <= MAT_VEC_MAX_COLUMNS and device.barrier_free and _whole_chunks(a, b):
-        if a.type in VEC_DECODED:
+        if a.type in VEC_QUANTS:
+            defines["VEC_QUANTS"] = True
+        elif a.type in VEC_DECODED:
             defines["VEC_DEQ"] = True
         if a.type == F16:
             defines["SRC0_IS_F16"] = True

@@ -14,10 +14,12 @@ QUANT_NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_
                GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q4_K: "q4_K",
                GGMLType.Q5_K: "q5_K", GGMLType.Q6_K: "q6_K"}
 MATMUL_WEIGHTS = FLOATS + tuple(QUANT_NAMES)
-# the block formats whose lane-wise decoder (common.h's deq32v_*, built with -D VEC_DEQ) PoCL
-# ran faster than their scalar one (deq32_*)
-VEC_DECODED = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-               GGMLType.Q4_K, GGMLType.Q6_K)
+# the block formats the CPU-device decode product reads lane-wise (PoCL ran these faster than
+# their scalar decoders, deq32_*): their quantized values and scale (common.h's quants32v_*,
+# -D VEC_QUANTS), or for Q6_K, a scale per 16 values, the decoded values (deq32v_*, -D VEC_DEQ)
+VEC_QUANTS = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+              GGMLType.Q4_K)
+VEC_DECODED = (GGMLType.Q6_K,)
 # the block formats quantize.cl can write (ggml's reference quantizers)
 ENCODABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
 

@@ -268,42 +268,51 @@ DECODER void deq32_q6_K(const global uchar * row, int c, float * y) {
 }
 
 // --- 32 values as two float16 vectors (values 0-15 and 16-31), for the barrier-free
-// kernels of CPU devices: the same values as deq32_*, computed lane-wise. Only where PoCL
-// ran them faster than deq32_* (Q5_K was not) ------------------------------------------------
+// kernels of CPU devices, lane-wise. Only where PoCL ran them faster than deq32_* (Q5_K was
+// not). quants32v_*: the quantized values q and the map the decoding applies, w = d * q + m
+// (the decode product factors d and m out of its sums, which PoCL ran no slower than
+// decoding first; HAS_MIN_*: m is not always 0) ----------------------------------------------
 
-DECODER void deq32v_q4_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+#define QUANTS32V(NAME) DECODER void NAME(const global uchar * row, int c, \
+    float16 * lo, float16 * hi, float * d, float * m)
+
+#define HAS_MIN_q4_0 0
+QUANTS32V(quants32v_q4_0) {
     const global uchar * b = row + c * 18;
-    float d = f16_at(b);
     uchar16 qs = VLOAD16(uchar16, 0, b + 2);
-    *lo = convert_float16(convert_int16(qs & (uchar16) (15)) - 8) * d;
-    *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) - 8) * d;
+    *lo = convert_float16(convert_int16(qs & (uchar16) (15)) - 8);
+    *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) - 8);
+    *d = f16_at(b), *m = 0.0f;
 }
 
-DECODER void deq32v_q4_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
+#define HAS_MIN_q4_1 1
+QUANTS32V(quants32v_q4_1) {
     const global uchar * b = row + c * 20;
-    float d = f16_at(b), m = f16_at(b + 2);
     uchar16 qs = VLOAD16(uchar16, 0, b + 4);
-    *lo = convert_float16(qs & (uchar16) (15)) * d + m;
-    *hi = convert_float16(qs >> (uchar16) (4)) * d + m;
+    *lo = convert_float16(qs & (uchar16) (15));
+    *hi = convert_float16(qs >> (uchar16) (4));
+    *d = f16_at(b), *m = f16_at(b + 2);
 }
 
-DECODER void deq32v_q8_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+#define HAS_MIN_q8_0 0
+QUANTS32V(quants32v_q8_0) {
     const global uchar * b = row + c * 34;
-    float d = f16_at(b);
-    *lo = convert_float16(VLOAD16(char16, 0, (const global char *) (b + 2))) * d;
-    *hi = convert_float16(VLOAD16(char16, 1, (const global char *) (b + 2))) * d;
+    *lo = convert_float16(VLOAD16(char16, 0, (const global char *) (b + 2)));
+    *hi = convert_float16(VLOAD16(char16, 1, (const global char *) (b + 2)));
+    *d = f16_at(b), *m = 0.0f;
 }
 
-DECODER void deq32v_q4_K(const global uchar * row, int c, float16 * lo, float16 * hi) {
+#define HAS_MIN_q4_K 1
+QUANTS32V(quants32v_q4_K) {
     const global uchar * b = row + (c / 8) * 144;
     int sub = c % 8, g = sub / 2;
-    float sc, m;
-    scale_min_k4(sub, b + 4, &sc, &m);
-    float d1 = f16_at(b) * sc, m1 = f16_at(b + 2) * m;
+    float sc, mn;
+    scale_min_k4(sub, b + 4, &sc, &mn);
     const global uchar * q = b + 16 + 32 * g;
     uchar shift = (sub % 2) ? 4 : 0;
-    *lo = d1 * convert_float16((VLOAD16(uchar16, 0, q) >> shift) & (uchar16) (15)) - m1;
-    *hi = d1 * convert_float16((VLOAD16(uchar16, 1, q) >> shift) & (uchar16) (15)) - m1;
+    *lo = convert_float16((VLOAD16(uchar16, 0, q) >> shift) & (uchar16) (15));
+    *hi = convert_float16((VLOAD16(uchar16, 1, q) >> shift) & (uchar16) (15));
+    *d = f16_at(b) * sc, *m = -(f16_at(b + 2) * mn);
 }
 
 // bit j of the 32 high bits at p, as 16 (ggml's qh, little-endian, unaligned)
@@ -313,22 +322,25 @@ inline int16 q5_high_bits(const global uchar * p, int first) {
     return convert_int16(((uint16) (qh) >> (bit + (uint) first)) & (uint16) (1)) << 4;
 }
 
-DECODER void deq32v_q5_0(const global uchar * row, int c, float16 * lo, float16 * hi) {
+#define HAS_MIN_q5_0 0
+QUANTS32V(quants32v_q5_0) {
     const global uchar * b = row + c * 22;
-    float d = f16_at(b);
     uchar16 qs = VLOAD16(uchar16, 0, b + 6);
-    *lo = convert_float16((convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 2, 0)) - 16) * d;
-    *hi = convert_float16((convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 2, 16)) - 16) * d;
+    *lo = convert_float16((convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 2, 0)) - 16);
+    *hi = convert_float16((convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 2, 16)) - 16);
+    *d = f16_at(b), *m = 0.0f;
 }
 
-DECODER void deq32v_q5_1(const global uchar * row, int c, float16 * lo, float16 * hi) {
+#define HAS_MIN_q5_1 1
+QUANTS32V(quants32v_q5_1) {
     const global uchar * b = row + c * 24;
-    float d = f16_at(b), m = f16_at(b + 2);
     uchar16 qs = VLOAD16(uchar16, 0, b + 8);
-    *lo = convert_float16(convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 4, 0)) * d + m;
-    *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 4, 16)) * d + m;
+    *lo = convert_float16(convert_int16(qs & (uchar16) (15)) | q5_high_bits(b + 4, 0));
+    *hi = convert_float16(convert_int16(qs >> (uchar16) (4)) | q5_high_bits(b + 4, 16));
+    *d = f16_at(b), *m = f16_at(b + 2);
 }
 
+// Q6_K has a scale per 16 values: decoded lane-wise, not factored
 DECODER void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 * hi) {
     const global uchar * b = row + (c / 8) * 210;
     int sub = c % 8, h = sub / 4, quarter = sub % 4;
@@ -348,6 +360,10 @@ DECODER void deq32v_q6_K(const global uchar * row, int c, float16 * lo, float16 
 #ifdef QUANT_T
 #define DEQ(row, i) CAT(deq, QUANT_T)(row, i)
 #define DEQ32(row, c, y) CAT(deq32, QUANT_T)(row, c, y)
+#ifdef VEC_QUANTS
+#define QUANTS32(row, c, lo, hi, d, m) CAT(quants32v, QUANT_T)(row, c, lo, hi, d, m)
+#define HAS_MIN CAT(HAS_MIN, QUANT_T)
+#endif
 #ifdef VEC_DEQ
 #define DEQ32V(row, c, lo, hi) CAT(deq32v, QUANT_T)(row, c, lo, hi)
 #else   // a block format without a lane-wise decoder: its scalar one, then loaded as vectors

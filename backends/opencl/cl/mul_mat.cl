@@ -125,24 +125,40 @@ kernel void mul_mat_vec_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
     // past the end re-read the last row, and are not written
     const global char * row[MV_ROWS];
     float16 acc[MV_ROWS];
+    float shift[MV_ROWS];           // sum of m * (the chunk's sum of x): formats with a minimum
     #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) {
         row[r] = ROW(src0, r0 + r < src0_ne1 ? r0 + r : src0_ne1 - 1, i02, i03);
         acc[r] = 0.0f;
+        shift[r] = 0.0f;
     }
     for (int ch = 0; ch < src0_ne0 / 32; ch++) {
         float16 x0 = VLOAD16(float16, 0, x + 32 * ch), x1 = VLOAD16(float16, 1, x + 32 * ch);
+#if defined(VEC_QUANTS) && HAS_MIN
+        float sx = sum16(x0 + x1);
+#endif
         #pragma unroll
         for (int r = 0; r < MV_ROWS; r++) {
             // fused multiply-adds, as the CPU backend's kernels (PoCL's fma() is a call)
             #pragma OPENCL FP_CONTRACT ON
             float16 lo, hi;
+#ifdef VEC_QUANTS       // sum (d q + m) x = d (sum q x) + m (sum x), as ggml's dot products
+            float d, m;
+            QUANTS32(row[r], ch, &lo, &hi, &d, &m);
+            float16 t = lo * x0;
+            t = t + hi * x1;
+            acc[r] = acc[r] + d * t;
+#if HAS_MIN
+            shift[r] = shift[r] + m * sx;
+#endif
+#else
             chunk32(row[r], ch, &lo, &hi);
             acc[r] = acc[r] + lo * x0;
             acc[r] = acc[r] + hi * x1;
+#endif
         }
     }
     for (int r = 0; r < MV_ROWS && r0 + r < src0_ne1; r++) {
-        *(global float *) ADDR(dst, r0 + r, i11, i12, i13) = sum16(acc[r]);
+        *(global float *) ADDR(dst, r0 + r, i11, i12, i13) = sum16(acc[r]) + shift[r];
     }
 }
