@@ -3,6 +3,8 @@ conversion, against float64 numpy of ggml's decoded values and against the numpy
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ import polydev
 from polydev import GGMLType, RopeMode, dequantize, ops
 from polydev.backends.array.matmul import bind_mul_mat
 from polydev.backends.cpu import matmul as cpu_matmul
+from polydev.backends.cpu import native
 from polydev.backends.cpu.native import kernels
 
 from conftest import assert_close, compute
@@ -216,3 +219,22 @@ def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
     if not sinks:
         assert np.all(out[:, 2] == 0)
     assert_close(out, ref, 1e-9)
+
+
+def test_openmp_spins_briefly_unless_the_user_says_otherwise(monkeypatch):
+    """libgomp reads GOMP_SPINCOUNT as it loads with the kernels: SPIN_COUNT then, a user's
+    OMP_WAIT_POLICY or GOMP_SPINCOUNT instead, and the environment is left as it was."""
+    seen = []
+    monkeypatch.setattr(native.ctypes, "CDLL", lambda path: seen.append(
+        (os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))))
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    native._open_library(kernels().path)
+    assert seen.pop() == (native.SPIN_COUNT, None) and "GOMP_SPINCOUNT" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    native._open_library(kernels().path)
+    assert seen.pop() == (None, "passive") and "GOMP_SPINCOUNT" not in os.environ
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    native._open_library(kernels().path)
+    assert seen.pop() == ("7", None) and os.environ["GOMP_SPINCOUNT"] == "7"
