@@ -102,7 +102,7 @@ class Evaluator(Resource):
             if all_logits or last:
                 rows.append(logits)
         self.timings.add(int(tokens.size), time.perf_counter() - start, tokens.size > 1)
-        out = np.concatenate(rows)
+        out = rows[0] if len(rows) == 1 else np.concatenate(rows)   # one step: no copy
         return out if all_logits else out[-1]
 
     def reset(self) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polydev import Context, GGMLType, Graph, Tensor, build_graph
+from polydev import Context, GGMLType, Graph, Tensor, build_graph, tensor_set
 
 from .hparams import HParams
 from .kv_cache import KVCache
@@ -50,21 +50,24 @@ class StepGraph:
         self.graph: Graph = build_graph(self.logits)
 
     def set_inputs(self, tokens: np.ndarray, n_past: int) -> None:
-        """Fill the inputs for ``tokens`` at positions ``n_past``..; call after allocation."""
+        """Fill the inputs for ``tokens`` at positions ``n_past``..; call after allocation.
+
+        Each input is written as raw bytes of its exact type and size (``tensor_set``): at
+        decode, Tensor.set_data's conversions and checks were most of this step's time."""
         n, n_kv = self.shape.n_tokens, self.shape.n_kv
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
-        self.tokens.set_data(np.asarray(tokens, dtype=np.int32))
-        self.positions.set_data(pos)
-        self.cells.set_data(pos.astype(np.int64))
+        tensor_set(self.tokens, np.asarray(tokens, dtype=np.int32).reshape(n))
+        tensor_set(self.positions, pos)
+        tensor_set(self.cells, pos.astype(np.int64))
         kv_pos = np.arange(n_kv, dtype=np.int64)[None, :]
         causal = kv_pos > pos[:, None]                      # masked: later positions
-        self.mask.set_data(np.where(causal, _NEG_INF, np.float16(0)))
+        tensor_set(self.mask, np.where(causal, _NEG_INF, np.float16(0)))
         if self.mask_swa is not None:
             # llama.cpp's standard window: masked when pos - kv_pos >= n_swa
             outside = causal | (pos[:, None] - kv_pos >= self.hp.sliding_window)
-            self.mask_swa.set_data(np.where(outside, _NEG_INF, np.float16(0)))
+            tensor_set(self.mask_swa, np.where(outside, _NEG_INF, np.float16(0)))
         if self.out_ids is not None:
-            self.out_ids.set_data(np.arange(n - self.shape.n_outputs, n, dtype=np.int32))
+            tensor_set(self.out_ids, np.arange(n - self.shape.n_outputs, n, dtype=np.int32))
 
     def mask_for(self, il: int) -> Tensor:
         """The attention mask of layer ``il``."""
