@@ -141,7 +141,7 @@ def test_set_rows_equals_numpy_and_checks_before_writing(cpu, rng, dst_type, idx
     """The compiled SET_ROWS writes numpy's fp16 bits (ties, subnormals, infinities), with
     the indices broadcast over dim 2 as ggml does; a bad index raises OutOfBoundsError and
     leaves the destination as it was."""
-    from polydev.backends.cpu.rows import native_set_rows_ok
+    from polydev.backends.cpu.set_rows import native_set_rows_ok
     from polydev.errors import OutOfBoundsError
 
     ctx = polydev.Context()

@@ -11,7 +11,7 @@ from .attention import bind_native_flash_attn, native_flash_attn_ok
 from .matmul import bind_native_mul_mat, native_mul_mat_ok
 from .norm import bind_native_rms_norm, native_rms_norm_ok
 from .rope import bind_native_rope, native_rope_ok
-from .rows import bind_native_set_rows, native_set_rows_ok
+from .set_rows import bind_native_set_rows, native_set_rows_ok
 
 CPU_TABLE = KernelTable({
     Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat),
