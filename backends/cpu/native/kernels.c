@@ -2,10 +2,11 @@
  * activations, read straight from the blocks (no float32 copy of the weight), and fp16 to
  * float32 conversion.
  *
- * Built at run time by polydev.backends.cpu.native with the system C compiler. Each block is
- * decoded into float32 exactly as ggml's reference dequantize_row_* does (the same float32
- * operations in the same order: this file is compiled with -ffp-contract=off), so the only
- * difference from the numpy path (decode, then BLAS) is the order of the sums.
+ * Built at run time by polydev.backends.cpu.native with the system C compiler. A decoded block
+ * holds exactly what ggml's reference dequantize_row_* gives (the same float32 operations in
+ * the same order: this file is compiled with -ffp-contract=off). The block products apply each
+ * group's scale to its partial sum instead (AVX_SCALED_ROWS), so they differ from the numpy
+ * path (decode, then BLAS) by the order of the sums and float32 rounding.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -458,7 +459,8 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int
 /* The same product with each group's map factored out of its sum:
  * sum_j (d q_j + m) x_j = d (sum_j q_j x_j) + m (sum_j x_j), the group sums of x computed once
  * per call (sums[r * K / 32 + group]). Four vector operations a group fewer than decoding
- * first; the rounding differs from the decoded product's by float32 rounding. */
+ * first (eight with a minimum); the result differs from the decoded product's by float32
+ * rounding. */
 #define AVX_SCALED_ROWS(NAME, BLOCK, BYTES, Q, HAS_MIN)                                      \
 static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int64_t K,     \
                  const float *x, int64_t x_stride, int64_t n_rows, float *y,                \
