@@ -75,6 +75,7 @@ class Evaluator(Resource):
                 b.close()
             raise
         self._graphs: OrderedDict[StepShape, StepGraph] = OrderedDict()
+        self._last_graph: StepGraph | None = None       # the graph of the last step
         self.n_past = 0
         self.timings = Timings()
 
@@ -120,7 +121,12 @@ class Evaluator(Resource):
 
     def graph(self, n_tokens: int, n_outputs: int = 1) -> StepGraph:
         """The graph for a step of ``n_tokens`` at the current position (built if new)."""
-        shape = StepShape(n_tokens, self.kv.n_kv(self.n_past + n_tokens), n_outputs)
+        n_kv = self.kv.n_kv(self.n_past + n_tokens)
+        last = self._last_graph
+        if (last is not None and last.shape.n_kv == n_kv and last.shape.n_tokens == n_tokens
+                and last.shape.n_outputs == n_outputs):
+            return last                 # decode: the last step's graph, most recently used
+        shape = StepShape(n_tokens, n_kv, n_outputs)
         g = self._graphs.get(shape)
         if g is None:
             g = self._graphs[shape] = StepGraph(self.hp, self.kv, shape,
@@ -137,7 +143,9 @@ class Evaluator(Resource):
         g.set_inputs(chunk, self.n_past)
         self.sched.compute(g.graph)
         self.n_past += chunk.size
-        self.timings.splits = self.sched.splits_per_backend()
+        if g is not self._last_graph:        # the same graph again keeps its splits
+            self.timings.splits = self.sched.splits_per_backend()
+            self._last_graph = g
         self.timings.copied_bytes = dict(self.sched.copied_bytes)
         raw = tensor_get(g.logits)
         return raw.view(np.float32).reshape(n_out, self.hp.n_vocab)
@@ -147,6 +155,7 @@ class Evaluator(Resource):
 
     def _free(self) -> None:
         self._graphs.clear()
+        self._last_graph = None
         self.sched.close()
         for b in self.backends:
             b.close()

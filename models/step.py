@@ -40,10 +40,14 @@ class StepGraph:
         ctx = self.ctx = Context(f"step {n}x{n_kv}")
         self.tokens = ctx.new_tensor(GGMLType.I32, [n], name="inp_tokens").set_input()
         self.positions = ctx.new_tensor(GGMLType.I32, [n], name="inp_pos").set_input()
-        self.cells = ctx.new_tensor(GGMLType.I64, [n], name="inp_kv_cells").set_input()
+        # the cache holds one sequence, cell i at position i: a token's cell index is its
+        # position, and SET_ROWS takes i32 indices as well as i64
+        self.cells = self.positions
         self.mask = ctx.new_tensor(GGMLType.F16, [n_kv, n], name="kq_mask").set_input()
         self.mask_swa = (ctx.new_tensor(GGMLType.F16, [n_kv, n], name="kq_mask_swa").set_input()
                          if hp.sliding_window > 0 else None)
+        self._mask_rows = np.empty((n, n_kv), dtype=np.float16)     # filled, then written
+        self._kv_pos = np.arange(n_kv, dtype=np.int32)
         self.out_ids = (ctx.new_tensor(GGMLType.I32, [shape.n_outputs], name="inp_out_ids")
                         .set_input() if shape.n_outputs < n else None)
         self.logits: Tensor = build(self).set_output()
@@ -54,20 +58,35 @@ class StepGraph:
 
         Each input is written as raw bytes of its exact type and size (``tensor_set``): at
         decode, Tensor.set_data's conversions and checks were most of this step's time."""
-        n, n_kv = self.shape.n_tokens, self.shape.n_kv
+        n = self.shape.n_tokens
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
         tensor_set(self.tokens, np.asarray(tokens, dtype=np.int32).reshape(n))
         tensor_set(self.positions, pos)
-        tensor_set(self.cells, pos.astype(np.int64))
-        kv_pos = np.arange(n_kv, dtype=np.int64)[None, :]
-        causal = kv_pos > pos[:, None]                      # masked: later positions
-        tensor_set(self.mask, np.where(causal, _NEG_INF, np.float16(0)))
+        tensor_set(self.mask, self._fill_mask(pos, 0))
         if self.mask_swa is not None:
-            # llama.cpp's standard window: masked when pos - kv_pos >= n_swa
-            outside = causal | (pos[:, None] - kv_pos >= self.hp.sliding_window)
-            tensor_set(self.mask_swa, np.where(outside, _NEG_INF, np.float16(0)))
+            tensor_set(self.mask_swa, self._fill_mask(pos, self.hp.sliding_window))
         if self.out_ids is not None:
             tensor_set(self.out_ids, np.arange(n - self.shape.n_outputs, n, dtype=np.int32))
+
+    def _fill_mask(self, pos: np.ndarray, window: int) -> np.ndarray:
+        """The mask rows of tokens at ``pos``: 0 where a token may attend a cell, -inf where
+        not. A token attends the cells at its position and before, and with a ``window``
+        only the last ``window`` of them (llama.cpp's standard window: masked when
+        pos - cell >= window)."""
+        rows = self._mask_rows
+        if pos.size == 1:                   # decode: the one row is three runs of cells
+            p = int(pos[0])
+            first = max(0, p - window + 1) if window else 0
+            rows[0, :first] = _NEG_INF
+            rows[0, first:p + 1] = 0
+            rows[0, p + 1:] = _NEG_INF
+            return rows
+        allowed = self._kv_pos <= pos[:, None]
+        if window:
+            allowed &= self._kv_pos > pos[:, None] - window
+        rows.fill(_NEG_INF)
+        rows[allowed] = 0
+        return rows
 
     def mask_for(self, il: int) -> Tensor:
         """The attention mask of layer ``il``."""
