@@ -15,7 +15,7 @@ from polydev.tensor import Tensor
 
 
 from .types import (ENCODABLE, F16, F32, FLASH_ATTN_ROWS_MAX_DV, FN_CODES, FN_DEFINES, I32, I64,
-                    MAT_VEC_MAX_COLUMNS, MV_GROUP, MV_ROWS, PLAIN_NAMES, QUANT_NAMES, VEC_DECODED,
+                    MAT_VEC_MAX_COLUMNS, MV_GROUP, PLAIN_NAMES, QUANT_NAMES, VEC_DECODED,
                     VEC_QUANTS)
 
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ def bind_mul_mat(backend, node: Tensor) -> Callable[[], None]:
         if a.type == F16:
             defines["SRC0_IS_F16"] = True
         k = device.programs.kernel("mul_mat", "mul_mat_vec_rows", **defines)
-        groups = -(-a.ne[1] // (MV_ROWS * MV_GROUP))
+        groups = -(-a.ne[1] // MV_GROUP)
         return _launch(backend, k, args, (groups * MV_GROUP, b.ne[1] * batches), (MV_GROUP, 1))
     if b.ne[1] <= MAT_VEC_MAX_COLUMNS:
         ls = device.row_group_size

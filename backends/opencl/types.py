@@ -35,5 +35,4 @@ FN_DEFINES = {f"FN_{name}": code for name, code in FN_CODES.items()}
 MAT_VEC_MAX_COLUMNS = 4     # up to this many src1 columns, the decode kernel beats tiles
 FLASH_ATTN_MAX_DV = 1024    # attention.cl's DV_MAX: the value rows it accumulates
 FLASH_ATTN_ROWS_MAX_DV = 512   # its DV_ROWS_MAX: the same for flash_attn_rows (CPU devices)
-MV_ROWS = 4                 # mul_mat.cl's MV_ROWS: src0 rows per work-item of mul_mat_vec_rows
-MV_GROUP = 8                # its work-group: 8 work-items (PoCL ran it faster than its own pick)
+MV_GROUP = 8                # mul_mat_vec_rows's work-group: 8 rows (PoCL's own pick was slower)
