@@ -683,6 +683,8 @@ static inline void f16_axpy(float *y, const uint8_t *v, float a, int64_t n) {
     for (; j < n; j++) y[j] += a * f16(v + 2 * j);
 }
 
+#define FA_THREAD_WORK (1 << 16)     /* multiply-adds from which attention runs threaded */
+
 /* FLASH_ATTN_EXT with fp16 K and V for a few queries: ggml's online softmax per (sequence,
  * query, head) over the cells [lo, hi), skipping cells the mask sets to -inf as ggml does.
  * Strides are in bytes; q[s][i][h] (D floats), k/v[s][h_kv][cell] (D / Dv halves),
@@ -697,7 +699,10 @@ void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
                        int64_t lo, int64_t hi, float scale, float softcap,
                        const float *slopes, const float *sinks, int n_threads) {
     int64_t group = n_head / n_head_kv, n_work = n_seq * n_q * n_head;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && n_work >= 64)
+    /* threads pay off once the products outweigh waking them (a few µs): a decode step's few
+     * heads over a hundred cells already do */
+    int parallel = n_threads > 1 && n_work > 1 && n_work * (hi - lo) * (D + Dv) >= FA_THREAD_WORK;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (parallel)
     for (int64_t w = 0; w < n_work; w++) {
         int64_t h = w % n_head, i = (w / n_head) % n_q, s = w / (n_head * n_q);
         const float *qv = (const float *)(q + s * q3 + h * q2 + i * q1);
