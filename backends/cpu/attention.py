@@ -17,7 +17,7 @@ from polydev.ops import alibi_slopes
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels
+from .native import kernels, pack
 
 F16, F32 = GGMLType.F16, GGMLType.F32
 MAX_QUERIES = 8     # queries per sequence up to which the compiled kernel runs
@@ -50,14 +50,14 @@ def bind_native_flash_attn(env, node: Tensor) -> Callable[[], None]:
         return env.view(t).ctypes.data
     m_args = ((ptr(mask), mask.nb[1], mask.nb[2], mask.nb[3], mask.ne[2], mask.ne[3])
               if mask is not None else (None, 0, 0, 0, 1, 1))
-    args = (ptr(q), q.nb[1], q.nb[2], q.nb[3], ptr(k), k.nb[1], k.nb[2], k.nb[3],
-            ptr(v), v.nb[1], v.nb[2], v.nb[3], *m_args, ptr(node), q.ne[0], v.ne[0],
-            q.ne[1], n_head, k.ne[2], q.ne[3], 0, k.ne[1], scale, softcap,
-            slopes.ctypes.data if slopes is not None else None,
-            ptr(sinks) if sinks is not None else None)
-    run_kernel = lib.flash_attn_f16
+    args = pack(ptr(q), q.nb[1], q.nb[2], q.nb[3], ptr(k), k.nb[1], k.nb[2], k.nb[3],
+                ptr(v), v.nb[1], v.nb[2], v.nb[3], *m_args, ptr(node), q.ne[0], v.ne[0],
+                q.ne[1], n_head, k.ne[2], q.ne[3], 0, k.ne[1],
+                slopes.ctypes.data if slopes is not None else None,
+                ptr(sinks) if sinks is not None else None, env.n_threads)
+    run_kernel, where = lib.flash_attn_f16_packed, args.ctypes.data
 
     def run() -> None:
-        run_kernel(*args, env.n_threads)
-    run.keep_alive = slopes                   # the slopes' memory outlives the bound call
+        run_kernel(where, scale, softcap)
+    run.keep_alive = (args, slopes)           # their memory outlives the bound call
     return run

@@ -20,7 +20,7 @@ from polydev.backends.array.rows import as_rows
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels
+from .native import kernels, pack
 
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
 BLOCK_PRODUCT_ROWS = 32
@@ -53,9 +53,13 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     n_rows = x.shape[0]
 
     if n_rows <= BLOCK_PRODUCT_ROWS:
+        args = pack(type_id, w_ptr, w_stride, m, k, x_ptr, x_stride, n_rows, y_ptr, y_stride,
+                    env.n_threads)
+        mul_mat, where = lib.mul_mat_packed, args.ctypes.data
+
         def from_blocks() -> None:
-            lib.mul_mat(type_id, w_ptr, w_stride, m, k, x_ptr, x_stride, n_rows, y_ptr,
-                        y_stride, env.n_threads)
+            mul_mat(where)
+        from_blocks.keep_alive = args
         return from_blocks
 
     tile_rows = max(1, min(m, TILE_BYTES // (4 * k)))

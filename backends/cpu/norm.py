@@ -12,7 +12,7 @@ from typing import Callable
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels
+from .native import kernels, pack
 
 
 def native_rms_norm_ok(node: Tensor) -> bool:
@@ -24,7 +24,11 @@ def native_rms_norm_ok(node: Tensor) -> bool:
 def bind_native_rms_norm(env, node: Tensor) -> Callable[[], None]:
     a = node.src[0]
     (eps,) = node.op_params
-    args = (env.view(a).ctypes.data, *a.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
-            *node.ne, eps)
-    rms_norm = kernels().rms_norm_f32
-    return lambda: rms_norm(*args)
+    args = pack(env.view(a).ctypes.data, *a.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
+                *node.ne)
+    rms_norm, where = kernels().rms_norm_f32_packed, args.ctypes.data
+
+    def run() -> None:
+        rms_norm(where, eps)
+    run.keep_alive = args
+    return run

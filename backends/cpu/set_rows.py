@@ -15,7 +15,7 @@ from polydev.backends.array.movement import bind_set_rows
 from polydev.tensor import Tensor
 from polydev.types import TYPE_TRAITS, GGMLType
 
-from .native import kernels
+from .native import kernels, pack
 
 _DST_TYPES = (GGMLType.F32, GGMLType.F16)
 
@@ -29,14 +29,15 @@ def native_set_rows_ok(node: Tensor) -> bool:
 
 def bind_native_set_rows(env, node: Tensor) -> Callable[[], None]:
     b, c = node.src[0], node.src[1]
-    args = (env.view(b).ctypes.data, *b.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
-            env.view(c).ctypes.data, int(c.type == GGMLType.I64), *c.nb[:3], c.ne[1], c.ne[2],
-            node.ne[0], b.ne[1], node.ne[1], node.ne[2], node.ne[3],
-            int(node.type == GGMLType.F16))
-    set_rows = kernels().set_rows_f32
+    args = pack(env.view(b).ctypes.data, *b.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
+                env.view(c).ctypes.data, int(c.type == GGMLType.I64), *c.nb[:3], c.ne[1],
+                c.ne[2], node.ne[0], b.ne[1], node.ne[1], node.ne[2], node.ne[3],
+                int(node.type == GGMLType.F16))
+    set_rows, where = kernels().set_rows_f32_packed, args.ctypes.data
     checked = bind_set_rows(env, node)   # raises the error for a bad index; fp16 without F16C
 
     def run() -> None:
-        if set_rows(*args):
+        if set_rows(where):
             checked()
+    run.keep_alive = args
     return run

@@ -838,3 +838,38 @@ int pd_set_rows_f32(const uint8_t *src, int64_t s1, int64_t s2, int64_t s3,
 #undef PD_INDEX
     return 0;
 }
+
+/* Packed entry points: the backend binds each call once and replays it every step, so it packs
+ * the integer arguments (pointers, strides, sizes, flags, in the unpacked function's order)
+ * into one int64 array; a call then converts one pointer through ctypes instead of 11 to 30
+ * arguments at about 0.3 µs each. Float arguments and per-step pointers stay separate. */
+#define P_PTR(i) ((const uint8_t *)(intptr_t)a[i])
+
+void pd_mul_mat_packed(const int64_t *a) {
+    pd_mul_mat((int)a[0], P_PTR(1), a[2], a[3], a[4], (const float *)P_PTR(5), a[6], a[7],
+               (float *)P_PTR(8), a[9], (int)a[10]);
+}
+
+void pd_flash_attn_f16_packed(const int64_t *a, float scale, float softcap) {
+    pd_flash_attn_f16(P_PTR(0), a[1], a[2], a[3], P_PTR(4), a[5], a[6], a[7],
+                      P_PTR(8), a[9], a[10], a[11], P_PTR(12), a[13], a[14], a[15], a[16], a[17],
+                      (float *)P_PTR(18), a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26],
+                      scale, softcap, (const float *)P_PTR(27), (const float *)P_PTR(28),
+                      (int)a[29]);
+}
+
+void pd_rope_f32_packed(const int64_t *a, const float *cos_t, const float *sin_t) {
+    pd_rope_f32(P_PTR(0), a[1], a[2], a[3], (uint8_t *)P_PTR(4), a[5], a[6], a[7], a[8], a[9],
+                a[10], a[11], a[12], a[13], (int)a[14], (int)a[15], cos_t, sin_t);
+}
+
+void pd_rms_norm_f32_packed(const int64_t *a, float eps) {
+    pd_rms_norm_f32(P_PTR(0), a[1], a[2], a[3], (uint8_t *)P_PTR(4), a[5], a[6], a[7], a[8],
+                    a[9], a[10], a[11], eps);
+}
+
+int pd_set_rows_f32_packed(const int64_t *a) {
+    return pd_set_rows_f32(P_PTR(0), a[1], a[2], a[3], (uint8_t *)P_PTR(4), a[5], a[6], a[7],
+                           P_PTR(8), (int)a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16],
+                           a[17], a[18], a[19], (int)a[20]);
+}
