@@ -319,6 +319,9 @@ def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:
     args += ([np.float32(scale), np.float32(softcap), np.float32(max_bias)]
         + alibi_args(q.ne[2], max_bias) + [np.int32(mask is not None), np.int32(sinks is not None)])
     if backend.device.barrier_free and max(q.ne[0], v_t.ne[0]) <= FLASH_ATTN_ROWS_MAX_DV:
+        if (k_t.type == v_t.type == F16 and k_t.nb[0] == v_t.nb[0] == 2
+                and q.ne[0] % 16 == 0 and v_t.ne[0] % 16 == 0):
+            defines["KV_F16X16"] = True
         kernel = backend.device.programs.kernel("attention", "flash_attn_rows", **defines)
         return _launch(backend, kernel, args, (q.ne[1], q.ne[2] * q.ne[3]), (1, 1))
     ls = backend.device.row_group_size

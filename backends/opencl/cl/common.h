@@ -46,11 +46,13 @@ inline float half_bits(uint h) {
 
 inline float16 half16_bits(ushort16 h16) {
     uint16 h = convert_uint16(h16), em = h & 0x7FFF, sign = (h & 0x8000) << 16;
-    float16 sub = convert_float16(em) * 0x1p-24f;
-    float16 special = as_float16(((em & 0x3FF) << 13) | 0x7F800000);
-    float16 normal = as_float16((em << 13) + 0x38000000);
-    float16 f = select(select(normal, special, em >= 0x7C00), sub, em < 0x0400);
-    return as_float16(as_uint16(f) | sign);
+    uint16 sub = as_uint16(convert_float16(em) * 0x1p-24f);
+    uint16 special = ((em & 0x3FF) << 13) | 0x7F800000;
+    uint16 normal = (em << 13) + 0x38000000;
+    // vector ?: becomes blends; PoCL compiled select() on float16 as an out-of-line call
+    uint16 bits = em >= (uint16) 0x7C00 ? special : normal;
+    bits = em < (uint16) 0x0400 ? sub : bits;
+    return as_float16(bits | sign);
 }
 
 inline float load_f16(const global char * p) { return half_bits(*(const global ushort *) p); }
@@ -96,6 +98,13 @@ inline void store_i32(global char * p, float v) { *(global int *) p = (int) v; }
 #define DECODER inline __attribute__((always_inline))
 
 // --- block formats: element i of a row (ggml's dequantize_row_* element by element) --------
+
+inline float sum16(float16 v) {
+    float8 a = v.lo + v.hi;
+    float4 b = a.lo + a.hi;
+    float2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
 
 inline float f16_at(const global uchar * p) { return load_f16((const global char *) p); }
 

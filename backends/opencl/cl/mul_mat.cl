@@ -96,13 +96,6 @@ kernel void mul_mat_id_vec(TENSOR(src0), TENSOR(src1), TENSOR(src2), TENSOR(dst)
 // against 2.7-3.5 ms). NDRange (ne01 rounded up to MV_GROUP, ne11 * ne12 * ne13). src0's
 // rows hold whole 32-value chunks (every block format; f16/f32 rows of a multiple of 32).
 
-inline float sum16(float16 v) {
-    float8 a = v.lo + v.hi;
-    float4 b = a.lo + a.hi;
-    float2 c = b.lo + b.hi;
-    return c.x + c.y;
-}
-
 DECODER void chunk32(const global char * row, int c, float16 * lo, float16 * hi) {
 #ifdef QUANT_T
     DEQ32V((const global uchar *) row, c, lo, hi);
