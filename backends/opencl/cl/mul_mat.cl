@@ -118,7 +118,6 @@ kernel void mul_mat_vec_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
     const global float * x = (const global float *) ADDR(src1, 0, i11, i12, i13);
     const global char * row = ROW(src0, r, i02, i03);
     float16 acc = 0.0f;
-    float shift = 0.0f;             // sum of m * (the chunk's sum of x): formats with a minimum
     for (int ch = 0; ch < src0_ne0 / 32; ch++) {
         // fused multiply-adds, as the CPU backend's kernels (PoCL's fma() is a call)
         #pragma OPENCL FP_CONTRACT ON
@@ -130,8 +129,8 @@ kernel void mul_mat_vec_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
         float16 t = lo * x0;
         t = t + hi * x1;
         acc = acc + d * t;
-#if HAS_MIN
-        shift = shift + m * sum16(x0 + x1);
+#if HAS_MIN              // lane-wise: one horizontal sum per row, not one per chunk
+        acc = acc + m * (x0 + x1);
 #endif
 #else
         chunk32(row, ch, &lo, &hi);
@@ -139,5 +138,5 @@ kernel void mul_mat_vec_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
         acc = acc + hi * x1;
 #endif
     }
-    *(global float *) ADDR(dst, r, i11, i12, i13) = sum16(acc) + shift;
+    *(global float *) ADDR(dst, r, i11, i12, i13) = sum16(acc);
 }
