@@ -19,10 +19,10 @@ from polydev.tensor import Tensor
 from .env import needs_codec, values_of
 
 # scores per block of query rows, in elements: on a GPU 64 MiB of float32, so each block is a
-# few large calls; on the host 2 MiB, which stays in cache and ran SmolLM2's pp512 about 10%
-# faster than 64 MiB blocks while its working memory fell from 11 MiB to 2
+# few large calls; on the host 1 MiB, which stays in cache: 2 MiB ran SmolLM2's pp512 about 10%
+# faster than 64 MiB blocks, and 1 MiB no slower than 2 with 2 MiB less peak memory
 SCORE_BLOCK = 1 << 24
-HOST_SCORE_BLOCK = 1 << 19
+HOST_SCORE_BLOCK = 1 << 18
 
 
 def _mask_by_head(xp, mask, n_seq: int, n_head_kv: int, group: int, n_q: int):
