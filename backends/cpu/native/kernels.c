@@ -427,9 +427,9 @@ static inline __attribute__((always_inline)) float hsum(__m256 v) {
 /* AVX_ONE_ROW: with one activation row (a decode step) the products keep their sums in
  * named registers. The loops over up to MAX_ROWS rows index their accumulators at run time,
  * which puts them in memory: each group's multiply-add then waited on a store and a reload,
- * and that chain, not the arithmetic, set the speed (SmolLM2's Q4_1 decode step ran about
- * 1.2x faster without it). Each row's operations are the same as the general loops', in the
- * same order, so the results are identical. */
+ * and that chain, not the arithmetic, set the speed (in registers, SmolLM2's Q4_1 decode
+ * step ran about 1.25x faster). Each row's operations are the same as the general loops', in
+ * the same order, so the results are identical. */
 
 #define AVX_ROWS_TIMES(NAME, BLOCK, BYTES, G)                                                \
 static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int64_t K,     \
