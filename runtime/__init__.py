@@ -3,7 +3,7 @@
 The names here are the public API; see README.md for a tour.
 """
 
-from . import ops
+from . import env, ops
 from .alloc import (GraphAllocator, TensorAllocator, alloc_ctx_tensors, alloc_ctx_tensors_size,
                     tensor_alloc, view_init)
 from .buffer import (Buffer, BufferType, BufferUsage, DummyBuffer, HostArrayBuffer, MultiBuffer,
@@ -23,6 +23,8 @@ from .tensor import Tensor, TensorFlag
 from .types import TYPE_TRAITS, GGMLType, dequantize, quantize, row_size
 
 __version__ = "0.1.0"
+
+env.check_environment()       # a bad POLYDEV_* value is said at start, not only where used
 
 __all__ = [
     "ops", "GraphAllocator", "TensorAllocator", "alloc_ctx_tensors", "alloc_ctx_tensors_size",

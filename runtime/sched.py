@@ -96,7 +96,7 @@ class Scheduler(Resource):
             [b.device.event_new() if parallel else None for _ in range(self.n_copies)]
             for b in backends]
         self.galloc = GraphAllocator(bufts)
-        self.debug = env_int(DEBUG_ENV, 0, minimum=0, maximum=2)
+        self.debug = env_int(DEBUG_ENV)
         self._user = Assignment()
         self._step: _Step | None = None
         self._signature: tuple | None = None

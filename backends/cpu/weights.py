@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from polydev.buffer import Buffer
-from polydev.env import env_float, env_text
+from polydev.env import env_float
 from polydev.tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,8 @@ class WeightCache:
     def budget(self) -> int:
         """Bytes the cache may hold, read from the environment on first use."""
         if self._budget is None:
-            if env_text(BUDGET_ENV) is None:
-                self._budget = self._default_budget()
-            else:
-                self._budget = int(env_float(BUDGET_ENV, 0.0, minimum=0.0) * 2**20)
+            mib = env_float(BUDGET_ENV)           # None when unset
+            self._budget = self._default_budget() if mib is None else int(mib * 2**20)
         return self._budget
 
     def get(self, t: Tensor, decode: Callable[[], np.ndarray]) -> np.ndarray:

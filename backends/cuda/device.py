@@ -146,7 +146,7 @@ class CUDADevice(Device):
     @property
     def offload_min_batch(self) -> int:
         """ggml's op_offload_min_batch_size: $POLYDEV_OP_OFFLOAD_MIN_BATCH, default 32."""
-        return env_int(OFFLOAD_MIN_BATCH_ENV, 32, minimum=0)
+        return env_int(OFFLOAD_MIN_BATCH_ENV)
 
     def offload_op(self, op: Tensor) -> bool:
         """Worth copying weights from the host for: a batch of POLYDEV_OP_OFFLOAD_MIN_BATCH

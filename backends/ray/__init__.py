@@ -104,7 +104,7 @@ def _node_devices(ray: Any, node: dict, wanted: set[str] | None) -> list[Device]
     here = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
     listed = wait(f"ray:{ip}", ray.remote(node_devices).options(
         num_cpus=0, scheduling_strategy=here).remote(), "listing its devices")
-    cpus = env_int("POLYDEV_RAY_CPUS", 1, minimum=0)
+    cpus = env_int("POLYDEV_RAY_CPUS")
     # (the device's name inside its actor, Ray's CPUs, Ray's GPUs): the probe's devices
     # (it holds no GPU, so it sees none), then one CUDA actor per GPU of the node, which
     # sees its GPU as CUDA0

@@ -18,7 +18,7 @@ __all__ = ["timeout_s", "wait"]
 
 def timeout_s() -> float:
     """Seconds a remote call may take before it is a fault (POLYDEV_RAY_TIMEOUT)."""
-    return env_float("POLYDEV_RAY_TIMEOUT", 60.0, minimum=0.001)
+    return env_float("POLYDEV_RAY_TIMEOUT")
 
 
 def wait(device_name: str, refs: Any, what: str) -> Any:

@@ -154,6 +154,6 @@ def _load() -> NativeKernels | None:
 @functools.lru_cache(maxsize=1)
 def kernels() -> NativeKernels | None:
     """The compiled kernels, built on first use; None where they cannot be (see the module)."""
-    if not env_int(DISABLE_ENV, 1, minimum=0, maximum=1):
+    if not env_int(DISABLE_ENV):
         return None
     return _load()
