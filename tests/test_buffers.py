@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,6 +157,32 @@ def test_failed_allocation_leaves_nothing_allocated():
     with pytest.raises(AllocationError, match="failed to allocate"):
         alloc_ctx_tensors(ctx, FailingBuft())
     assert all(t.buffer is None for t in ts)
+
+
+def _always_overcommits() -> bool:
+    try:
+        return Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("size", [
+    pytest.param(1 << 40, marks=pytest.mark.skipif(_always_overcommits(), reason="this kernel "
+                 "commits any size (vm.overcommit_memory=1)")),
+    (1 << 48) + 12345,                  # more than a process's address space: always refused
+])
+def test_more_host_memory_than_there_is_is_an_allocation_error_naming_device_and_size(size):
+    """A CPU buffer of 1 MiB or more is a mapping of its own; one the kernel will not commit
+    is polydev's out-of-memory error, as on every other device, not OSError [Errno 12]."""
+    device = polydev.device("CPU")
+    with pytest.raises(AllocationError, match=rf"^CPU: cannot allocate {size / 2**20:,.2f} MiB "
+                                              r"of host memory"):
+        device.buffer_type.alloc_buffer(size)
+    ctx = Context()
+    t = ctx.new_tensor_1d(GGMLType.I8, size)
+    with pytest.raises(AllocationError, match="CPU: cannot allocate"):
+        alloc_ctx_tensors(ctx, device.buffer_type)
+    assert t.buffer is None
 
 
 def test_tensor_allocator_and_view_init(cpu):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from polydev.buffer import Buffer, BufferType, HostArrayBuffer, wrap_host_memory
-from polydev.errors import UnsupportedError
+from polydev.errors import AllocationError, UnsupportedError
 
 if TYPE_CHECKING:
     from .device import CPUDevice
@@ -57,7 +57,12 @@ class CPUBufferType(BufferType):
     def _alloc(self, size: int) -> Buffer:
         if _LAZY_ZERO and size >= MAPPED_BYTES:
             # private: MADV_DONTNEED zeroes private pages (a shared mapping keeps them)
-            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)   # page-aligned, zero
+            try:
+                mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)   # page-aligned, zero
+            except OSError as e:            # ENOMEM: more than the kernel will commit
+                raise AllocationError(f"{self.device.name}: cannot allocate "
+                                      f"{size / 2**20:,.2f} MiB of host memory: "
+                                      f"{e.strerror or e}") from None
             return CPUBuffer(self, np.frombuffer(mapping, np.uint8), mapping)
         raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
         start = -raw.ctypes.data % ALIGNMENT
