@@ -11,8 +11,8 @@ from .buffer import (Buffer, BufferType, BufferUsage, DummyBuffer, HostArrayBuff
                      tensor_set_2d)
 from .compare import GraphCopy, compare_graph_backend, graph_copy
 from .context import Context
-from .device import (Backend, Device, DeviceCaps, DeviceProps, DeviceType, Event, GraphPlan, Reg,
-                     tensor_copy_async)
+from .device import (Backend, Device, DeviceCaps, DeviceProps, DeviceType, Event,
+                     ExcludedDevice, GraphPlan, Reg, tensor_copy_async)
 from .errors import PolydevError
 from .graph import DEFAULT_GRAPH_SIZE, Graph, build_graph
 from .kernels import Kernel, KernelTable
@@ -32,7 +32,8 @@ __all__ = [
     "HostArrayBuffer", "MultiBuffer", "tensor_copy", "tensor_get", "tensor_get_2d",
     "tensor_memset", "tensor_set", "tensor_set_2d", "GraphCopy", "compare_graph_backend",
     "graph_copy", "Context", "Backend", "Device", "DeviceCaps", "DeviceProps", "DeviceType",
-    "Event", "GraphPlan", "Reg", "tensor_copy_async", "PolydevError", "DEFAULT_GRAPH_SIZE",
+    "Event", "ExcludedDevice", "GraphPlan", "Reg", "tensor_copy_async", "PolydevError",
+    "DEFAULT_GRAPH_SIZE",
     "Graph", "build_graph", "Kernel", "KernelTable", "GluOp", "Op", "RopeMode", "UnaryOp",
     "device", "devices", "init_backend", "init_best_backend", "register", "registry", "Scheduler",
     "Tensor", "TensorFlag", "GGMLType", "TYPE_TRAITS", "dequantize", "quantize", "row_size",

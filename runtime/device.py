@@ -8,7 +8,8 @@ subclass overrides the hook (``polydev.hooks.overrides``); ``Device.caps`` is de
 A derived hook is the runtime's own, built on the others; a backend that works differently (one
 that ships whole graphs elsewhere) may still override it. ``close()`` calls ``_free``.
 
-  Reg      Reg(name, devices, procs, unavailable_reason)   a record; nothing to override
+  Reg      Reg(name, devices, procs, unavailable_reason, excluded)   a record; nothing to
+           override (``excluded``: devices found but not offered, each with its reason)
   Device   memory() -> (free, total)          required
            buffer_type                        required  the default BufferType
            supports_buft(buft)                required  can its kernels use that memory in place
@@ -481,20 +482,33 @@ def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, d
     tensor_copy(src, dst)
 
 
+@dataclass(frozen=True)
+class ExcludedDevice:
+    """A device a backend found but does not offer: ``description`` names it (its platform and
+    driver version where it has them), ``reason`` says why (the compiler's own message for a
+    driver that cannot build the backend's kernels, or the device it duplicates)."""
+
+    description: str
+    reason: str
+
+
 class Reg:
     """One backend library's registry entry: a name and its devices.
 
     ``unavailable_reason`` explains an empty device list (e.g. "pyopencl is not installed");
-    ``procs`` holds optional named functions (ggml's get_proc_address), e.g. "set_n_threads".
+    ``excluded`` lists the devices found but left out, each with its reason; ``procs`` holds
+    optional named functions (ggml's get_proc_address), e.g. "set_n_threads".
     """
 
     def __init__(self, name: str, devices: list[Device] | None = None,
                  procs: dict[str, Callable] | None = None,
-                 unavailable_reason: str | None = None) -> None:
+                 unavailable_reason: str | None = None,
+                 excluded: list[ExcludedDevice] | None = None) -> None:
         self.name = name
         self.devices: list[Device] = []
         self.procs = dict(procs or {})
         self.unavailable_reason = unavailable_reason
+        self.excluded: list[ExcludedDevice] = list(excluded or [])
         for d in devices or []:
             self.add_device(d)
 

@@ -11,6 +11,7 @@ from polydev.buffer import Buffer, BufferType
 from polydev.device import Device, DeviceType, Reg
 from polydev.errors import InvalidArgumentError
 from polydev.kernels import KernelTable
+from polydev.probes import cpu_info
 
 from .backend import CPUBackend
 from .buffer import CPUBufferType, CPUMappedBufferType
@@ -22,14 +23,7 @@ log = logging.getLogger(__name__)
 
 def cpu_model() -> str:
     """The CPU's brand string (ggml's CPU description)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
+    return cpu_info().get("model name") or platform.processor() or platform.machine() or "CPU"
 
 
 def physical_memory() -> tuple[int, int]:

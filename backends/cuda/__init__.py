@@ -2,13 +2,19 @@
 
 Registered through the ``polydev.backends`` entry point ``cuda``. Without CuPy, without a
 driver, or without a GPU, the reg has no devices and says why (``polydev devices
---verbose``); importing this package never raises and never touches CUDA.
+--verbose``); a GPU whose NVRTC build of the backend's kernels fails is left out with the
+compiler's message; importing this package never raises and never touches CUDA.
 """
 
 from __future__ import annotations
 
-from polydev.device import Reg
+import logging
+
+from polydev.device import ExcludedDevice, Reg
+from polydev.probes import cached_probes
 from polydev.registry import reg_once
+
+log = logging.getLogger(__name__)
 
 
 def _make_reg() -> Reg:
@@ -26,9 +32,42 @@ def _make_reg() -> Reg:
         return Reg("CUDA", unavailable_reason="the CUDA driver shows no GPU")
     from .device import CUDADevice
     devices: list[CUDADevice] = []
-    for index in range(count):
-        devices.append(CUDADevice(index, cupy, devices))
-    return Reg("CUDA", devices)
+    excluded: list[ExcludedDevice] = []
+    for index, (answer, fresh) in enumerate(_probe_gpus(cupy, count)):
+        if answer is None:
+            devices.append(CUDADevice(index, cupy, devices, ordinal=len(devices)))
+            continue
+        label = f"GPU {index} {_gpu_name(cupy, index)}"
+        excluded.append(ExcludedDevice(label, answer))
+        # said loudly once, when found; later processes read the answer from the cache
+        log.log(logging.WARNING if fresh else logging.INFO, "CUDA device left out: %s: %s",
+                label, answer)
+    reason = None if devices else f"no GPU can run the backend's kernels ({excluded[0].reason})"
+    return Reg("CUDA", devices, unavailable_reason=reason, excluded=excluded)
+
+
+def _probe_gpus(cupy, count: int) -> list[tuple[str | None, bool]]:
+    """Whether each GPU builds and loads the backend's kernels (NVRTC through CuPy): None
+    where it does, else the compiler's message; each answer kept per GPU, driver and
+    compiler (``polydev.probes``), so a later process skips the build."""
+    from .programs import KernelModule, build_error, build_key
+
+    def build(indices: list[int]) -> list[str | None]:
+        answers: list[str | None] = []
+        for index in indices:
+            try:
+                KernelModule(cupy, index).build()
+                answers.append(None)
+            except Exception as e:     # CompileException, CUDADriverError, ...
+                answers.append(f"its kernels do not build: {build_error(e)}")
+        return answers
+
+    return cached_probes("cuda", [build_key(cupy, i) for i in range(count)], build)
+
+
+def _gpu_name(cupy, index: int) -> str:
+    name = cupy.cuda.runtime.getDeviceProperties(index)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 register = reg_once(_make_reg)

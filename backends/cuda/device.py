@@ -45,11 +45,14 @@ class CUDADevice(Device):
 
     backend_class = CUDABackend
 
-    def __init__(self, index: int, cupy: Any, siblings: list["CUDADevice"]) -> None:
+    def __init__(self, index: int, cupy: Any, siblings: list["CUDADevice"],
+                 ordinal: int | None = None) -> None:
+        """GPU ``index`` as CUDA counts it, named "CUDA<ordinal>" (default: its index; a GPU
+        left out at discovery shifts the names of those after it)."""
         props = cupy.cuda.runtime.getDeviceProperties(index)
         name = props["name"]
         name = name.decode() if isinstance(name, bytes) else str(name)
-        super().__init__(f"CUDA{index}", name)
+        super().__init__(f"CUDA{index if ordinal is None else ordinal}", name)
         self.cupy = cupy
         self.index = index
         self.integrated = bool(props.get("integrated", 0))

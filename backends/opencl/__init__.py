@@ -2,7 +2,8 @@
 
 Registered through the ``polydev.backends`` entry point ``opencl``. Without pyopencl, or
 without an OpenCL platform, the reg has no devices and says why (``polydev devices
---verbose``); importing this package never raises.
+--verbose``), and a device whose driver cannot build and run a kernel is left out with the
+reason; importing this package never raises.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ def _make_reg() -> Reg:
                    f"pip install 'polydev[opencl]'")
     from .device import OpenCLDevice
     from .platform import discover
-    found, reason = discover(cl)
-    devices = [OpenCLDevice(i, ctx, dev) for i, (ctx, dev) in enumerate(found)]
-    return Reg("OpenCL", devices, unavailable_reason=reason)
+    found = discover(cl)
+    devices = [OpenCLDevice(i, ctx, dev) for i, (ctx, dev) in enumerate(found.found)]
+    return Reg("OpenCL", devices, unavailable_reason=found.reason, excluded=found.excluded)
 
 
 register = reg_once(_make_reg)

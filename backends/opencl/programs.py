@@ -16,6 +16,8 @@ from typing import Any, Mapping
 
 from polydev.errors import UnsupportedError
 
+from .probe import compiler_message
+
 
 @lru_cache(maxsize=None)
 def _source(name: str) -> str:
@@ -48,6 +50,5 @@ class ProgramCache:
             return self.cl.Program(self.context, _source(source)).build(
                 options=flags, devices=[self.device])
         except self.cl.Error as e:        # a kernel that does not build on this device
-            errors = [line for line in str(e).splitlines() if "error" in line.lower()]
             raise UnsupportedError(f"OpenCL program {source}.cl does not build on "
-                                   f"{self.device.name}: {'; '.join(errors[:3]) or e}") from None
+                                   f"{self.device.name}: {compiler_message(e)}") from None

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from polydev.env import cache_dir, env_int, env_text
+from polydev.probes import host_cpu
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +93,8 @@ def _identity(cc: str, flags: list[str]) -> str:
     a cache key needs no cryptographic hash, and hashlib would load OpenSSL's libcrypto into
     every process that computes (about 3.5 MiB resident)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        cpu = ""
     data = b"\0".join([SOURCE.read_bytes(), " ".join(flags).encode(),
-                       version.stdout.encode(), cpu.encode()])
+                       version.stdout.encode(), host_cpu().encode()])
     return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}{len(data):x}"
 
 
