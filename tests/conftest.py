@@ -8,16 +8,24 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph
 from polydev.types import type_from_numpy
 
 
+# No property test has a time limit a loaded 2-core machine cannot keep: hypothesis's default
+# deadline (200 ms an example) and its too-slow health check are wall-clock limits.
+settings.register_profile("polydev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("polydev")
+
+
 def pytest_configure(config) -> None:
     """Build the CPU backend's compiled kernels before any test runs (a build inside a test
-    with a deadline would fail it). With POLYDEV_REQUIRE_OPENCL set (CI sets it), a missing
-    OpenCL device stops the run instead of quietly skipping every OpenCL test, and with
+    with a deadline would fail it). With POLYDEV_REQUIRE_OPENCL set (CI sets it), fewer than
+    two working OpenCL devices (the multi-device tests need two) stop the run at once with one
+    line saying why, instead of skipping or failing every OpenCL test; with
     POLYDEV_REQUIRE_RAY a missing ray the same for the remote-device tests."""
     from polydev.backends.cpu.native import kernels
 
@@ -25,13 +33,24 @@ def pytest_configure(config) -> None:
     if os.environ.get("POLYDEV_REQUIRE_RAY") and importlib.util.find_spec("ray") is None:
         raise pytest.UsageError("POLYDEV_REQUIRE_RAY is set but ray is not installed "
                                 "(pip install -e '.[ray]')")
-    if not os.environ.get("POLYDEV_REQUIRE_OPENCL"):
-        return
+    if os.environ.get("POLYDEV_REQUIRE_OPENCL"):
+        _require_two_opencl_devices()
+
+
+def _require_two_opencl_devices() -> None:
     reg = next((r for r in polydev.registry().regs if r.name == "OpenCL"), None)
-    if reg is None or not reg.devices:
-        why = reg.unavailable_reason if reg is not None else "the OpenCL backend is not registered"
-        raise pytest.UsageError(f"POLYDEV_REQUIRE_OPENCL is set but there is no OpenCL device: "
-                                f"{why}")
+    if reg is None:
+        why = "the OpenCL backend is not registered"
+    elif not reg.devices:
+        why = reg.unavailable_reason or "no reason given"
+    elif len(reg.devices) < 2:
+        why = (f"only {reg.devices[0].name} works; the multi-device tests need two "
+               f"(POCL_DEVICES=\"pthread pthread\" gives two PoCL devices)")
+    else:
+        return
+    excluded = reg.excluded if reg is not None else []
+    left_out = "".join(f"; left out: {e.description}: {e.reason}" for e in excluded)
+    raise pytest.UsageError(f"POLYDEV_REQUIRE_OPENCL is set but {why}{left_out}")
 
 
 def nmse(out: np.ndarray, ref: np.ndarray) -> float:

@@ -7,10 +7,9 @@ set (CI sets it) a missing one fails instead, so CI can never pass by skipping t
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
-import pytest
+from needs import missing
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1"
 GEMMA3 = "gemma-3-270m-q4_k_m"
@@ -18,9 +17,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "llama
 
 
 def _missing(why: str):
-    if os.environ.get("POLYDEV_REQUIRE_MODELS"):
-        pytest.fail(f"POLYDEV_REQUIRE_MODELS is set but {why}")
-    pytest.skip(why)
+    missing("POLYDEV_REQUIRE_MODELS", why)
 
 
 def smollm2_path() -> Path:

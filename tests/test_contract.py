@@ -16,8 +16,9 @@ from polydev import (Backend, BufferType, BufferUsage, Context, Device, Event, G
 from polydev.errors import (ClosedError, InvalidArgumentError, NotAllocatedError, ShapeError,
                             TensorTypeError, UnsupportedError)
 
-OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
-needs_opencl = pytest.mark.skipif(not OPENCL, reason="needs an OpenCL device (PoCL)")
+from needs import opencl_mark
+
+needs_opencl = opencl_mark()
 
 
 # --- a minimal backend: the least a backend author writes --------------------------------------

@@ -16,6 +16,7 @@ from polydev.models.streaming import Utf8Stream  # noqa: E402
 from polydev.tools.cli import main  # noqa: E402
 
 from model_files import SMOLLM2, gguf_reader, model_path, write_test_model  # noqa: E402
+from needs import OPENCL, opencl_mark  # noqa: E402
 
 
 def survivors(logits: np.ndarray, top_k: int, top_p: float, min_p: float) -> set[int]:
@@ -135,21 +136,17 @@ def test_run_mistakes_are_one_line(capsys, small_model, argv, message):
 
 # --- polydev compare --model --------------------------------------------------------------------
 
-OPENCL_NAMES = [d.name for d in __import__("polydev").devices()
-                if d.reg is not None and d.reg.name == "OpenCL"]
-
-
-@pytest.mark.skipif(not OPENCL_NAMES, reason="needs an OpenCL device (PoCL)")
+@opencl_mark()
 def test_compare_model_on_opencl(capsys, small_model, monkeypatch):
-    assert main(["compare", "--model", small_model, "-b", OPENCL_NAMES[0], "--prompt",
+    assert main(["compare", "--model", small_model, "-b", OPENCL[0].name, "--prompt",
                  "w1 w2 w3"]) == 0
     assert "agree on all" in capsys.readouterr().out
     from polydev.tools.compare import model as compare_model
     monkeypatch.setattr(compare_model, "OTHER_NMSE", -1.0)   # every node now "differs"
     monkeypatch.setattr(compare_model, "PRODUCT_NMSE", -1.0)
-    assert main(["compare", "--model", small_model, "-b", OPENCL_NAMES[0]]) == 1
+    assert main(["compare", "--model", small_model, "-b", OPENCL[0].name]) == 1
     out = capsys.readouterr().out
-    assert "NMSE" in out and "CPU value" in out and OPENCL_NAMES[0] in out
+    assert "NMSE" in out and "CPU value" in out and OPENCL[0].name in out
 
 
 def test_compare_model_needs_a_device(capsys, small_model):

@@ -12,16 +12,15 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("regex")
 
-import polydev  # noqa: E402
 from polydev.errors import InvalidArgumentError  # noqa: E402
 from polydev.models import load  # noqa: E402
 
 import reference_models  # noqa: E402
+from needs import OPENCL, llama_cpp, missing, opencl_devices, opencl_mark  # noqa: E402
 from model_files import (FIXTURES, GEMMA3, SMOLLM2, gguf_reader, model_path,  # noqa: E402
                          write_test_model)
 
-OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
-needs_opencl = pytest.mark.skipif(not OPENCL, reason="needs an OpenCL device (PoCL)")
+needs_opencl = opencl_mark()
 
 ARCHS = {
     "llama": dict(arch="llama"),
@@ -153,9 +152,7 @@ def test_context_limits_and_bad_tokens(tmp_path):
 def test_layers_over_devices_give_the_cpu_ids(tmp_path, knobs):
     path = write_test_model(tmp_path / "m.gguf", n_layer=3)
     ids = tokens_for(16, seed=4)
-    devices = OPENCL[:2] if "tensor_split" in knobs and len(OPENCL) > 1 else OPENCL[:1]
-    if "tensor_split" in knobs and len(devices) < 2:
-        knobs = {k: v for k, v in knobs.items() if k != "tensor_split"}
+    devices = opencl_devices(2 if "tensor_split" in knobs else 1)
     with load(path, devices=[], progress=False) as cpu_model:
         want = list(cpu_model.generate(ids, 12, temperature=0))
         cpu_model.eval(ids, all_logits=True)
@@ -188,7 +185,8 @@ def test_experts_on_the_cpu_with_cpu_moe(tmp_path):
 
 def fixture(name: str) -> dict:
     if not FIXTURES.is_file():
-        pytest.skip(f"{FIXTURES} is not there")
+        missing("POLYDEV_REQUIRE_LLAMA_CPP", f"llama.cpp's recorded outputs {FIXTURES} are not "
+                f"there (the shared folder beside the checkout holds them)")
     return json.loads(FIXTURES.read_text())["models"][name]["generate"][0]
 
 
@@ -245,9 +243,6 @@ def test_real_model_against_llama_cpp(real_models, name):
         assert len(ours) == len(theirs) and text == g["greedy_text"]
         return
     margins = _llama_cpp_margins(name, g)
-    if margins is None:
-        pytest.skip(f"greedy ids differ at step {diverge}; llama-cpp-python is needed to tell "
-                    "whether llama.cpp itself chose there by less than its rounding noise")
     assert margins[diverge] < NOISE, (
         f"step {diverge}: we chose {ours[diverge]}, llama.cpp {theirs[diverge]} with a margin "
         f"of {margins[diverge]:.3f}")
@@ -256,14 +251,10 @@ def test_real_model_against_llama_cpp(real_models, name):
 NOISE = 0.35     # measured distance of llama.cpp's CPU logits from exact arithmetic
 
 
-def _llama_cpp_margins(name: str, g: dict) -> np.ndarray | None:
+def _llama_cpp_margins(name: str, g: dict) -> np.ndarray:
     """llama.cpp's margin between its two best tokens at each step of its greedy path (its
-    own logits), or None without llama-cpp-python."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    llm = llama_cpp.Llama(str(model_path(name)), n_ctx=512, n_threads=2, logits_all=True,
+    own logits): whether llama.cpp itself chose there by less than its rounding noise."""
+    llm = llama_cpp().Llama(str(model_path(name)), n_ctx=512, n_threads=2, logits_all=True,
                           verbose=False)
     try:
         ids = g["prompt_ids"] + g["greedy_ids"]

@@ -9,7 +9,6 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("tqdm")
 
-import polydev  # noqa: E402
 from polydev import BufferUsage, tensor_get  # noqa: E402
 from polydev.errors import ClosedError  # noqa: E402
 from polydev.models import loader as loader_module  # noqa: E402
@@ -17,9 +16,9 @@ from polydev.models.gguf import GGUFFile  # noqa: E402
 from polydev.models.loader import load_weights  # noqa: E402
 
 from model_files import GEMMA3, SMOLLM2, gguf_reader, model_path, write_test_model  # noqa: E402
+from needs import OPENCL, opencl_mark  # noqa: E402
 
-OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
-needs_opencl = pytest.mark.skipif(not OPENCL, reason="needs an OpenCL device (PoCL)")
+needs_opencl = opencl_mark()
 
 
 def reader_bytes(reader, name: str) -> np.ndarray:

@@ -18,7 +18,9 @@ from polydev.errors import TokenizerError  # noqa: E402
 from polydev.models.gguf import GGUFFile  # noqa: E402
 from polydev.models.tokenizer import Tokenizer  # noqa: E402
 
+import needs  # noqa: E402
 from model_files import FIXTURES, GEMMA3, SMOLLM2, model_path  # noqa: E402
+from needs import VOCAB_DIR, missing, vocab_dir  # noqa: E402
 
 MODELS = [SMOLLM2, GEMMA3]
 _TOKENIZERS: dict[str, Tokenizer] = {}
@@ -34,7 +36,8 @@ def tokenizer_of(path: Path) -> Tokenizer:
 
 def fixtures(name: str) -> dict:
     if not FIXTURES.is_file():
-        pytest.skip(f"{FIXTURES} is not there")
+        missing("POLYDEV_REQUIRE_LLAMA_CPP", f"llama.cpp's recorded outputs {FIXTURES} are not "
+                f"there (the shared folder beside the checkout holds them)")
     return json.loads(FIXTURES.read_text())["models"][name]
 
 
@@ -77,19 +80,26 @@ def test_special_tokens_of_the_two_models():
 # --- llama.cpp's tokenizer test vectors -------------------------------------------------------
 
 def _vocab_files() -> list:
-    root = os.environ.get("POLYDEV_LLAMA_VOCAB_DIR")
-    if not root:
-        return [pytest.param(None, marks=pytest.mark.skip(
-            reason="POLYDEV_LLAMA_VOCAB_DIR is not set (.ci/run fetches llama.cpp's vocab tests)"))]
-    files = sorted(Path(root).glob("ggml-vocab-*.gguf"))
-    return [pytest.param(p, id=p.name) for p in files if p.with_suffix(".gguf.inp").exists()]
+    """A parameter per vocabulary of the test vectors; one None where they are missing (the
+    test then says so)."""
+    root = Path(os.environ.get("POLYDEV_LLAMA_VOCAB_DIR") or VOCAB_DIR)
+    files = sorted(root.glob("ggml-vocab-*.gguf"))
+    found = [pytest.param(p, id=p.name) for p in files if p.with_suffix(".gguf.inp").exists()]
+    return found or [pytest.param(None, id="missing")]
+
+
+def _vocab(path: Path | None) -> Path:
+    """A vocabulary of the vectors; where they are missing the test skips or fails."""
+    if path is None:
+        vocab_dir()                     # skips, or fails where CI requires the vectors
+    return path
 
 
 @pytest.mark.parametrize("path", _vocab_files())
 def test_llama_cpp_vocab_vectors(path):
     """Every vocabulary whose tokenizer polydev supports gives llama.cpp's ids on its .inp/.out
     pairs (tokenize(text, add_special=false, parse_special=false), as test-tokenizer-0)."""
-    with GGUFFile(path) as f:
+    with GGUFFile(_vocab(path)) as f:
         try:
             tok = Tokenizer.from_gguf(f)
         except TokenizerError as e:
@@ -103,11 +113,8 @@ def test_llama_cpp_vocab_vectors(path):
         assert tok.encode(text, add_special=False) == [int(x) for x in line.split()], repr(text)
 
 
-def test_vocab_vectors_are_there_when_ci_says_so():
-    root = os.environ.get("POLYDEV_LLAMA_VOCAB_DIR")
-    if not root:
-        pytest.skip("POLYDEV_LLAMA_VOCAB_DIR is not set")
-    assert len(list(Path(root).glob("ggml-vocab-*.gguf.inp"))) >= 10
+def test_vocab_vectors_are_there():
+    assert len(list(vocab_dir().glob("ggml-vocab-*.gguf.inp"))) >= 10
 
 
 # --- llama.cpp itself on random text ----------------------------------------------------------
@@ -140,7 +147,7 @@ def _close_oracles():
 
 def llama_cpp_and_ours(path: Path):
     """(llama_cpp module, llama.cpp's vocabulary, our tokenizer) for one file."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle")
+    llama_cpp = needs.llama_cpp()
     key = str(path)
     if key not in _ORACLES:
         with GGUFFile(path) as f:
@@ -186,15 +193,15 @@ def test_random_text_matches_llama_cpp(name, text):
 @example(text="<|end|>\x85 \t x</s> \u00a0y")    # RSTRIP takes ASCII whitespace only
 @example(text="ùa<｜fim▁begin｜>\t  Hi<pad>")       # FIM tokens found by text act as control
 def test_random_text_matches_llama_cpp_on_its_test_vocabs(path, text):
-    assert_same_as_llama_cpp(path, text)
+    assert_same_as_llama_cpp(_vocab(path), text)
 
 
-@pytest.mark.parametrize("path", _vocab_files() + [pytest.param(None, id="models")])
+@pytest.mark.parametrize("path", _vocab_files() + [pytest.param("models", id="models")])
 def test_end_of_generation_tokens_match_llama_cpp(path):
     """The EOG set (llama.cpp's list of texts, the FIM pad/repo/separator tokens, the ids the
     file names) equals llama_vocab_is_eog over the whole vocabulary."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle")
-    for p in ([path] if path is not None else [model_path(n) for n in MODELS]):
+    llama_cpp = needs.llama_cpp()
+    for p in ([model_path(n) for n in MODELS] if path == "models" else [_vocab(path)]):
         _, llm, tok = llama_cpp_and_ours(p)
         theirs = {i for i in range(tok.n_vocab)
                   if llama_cpp.llama_vocab_is_eog(llm._model.vocab, i)}
@@ -358,5 +365,5 @@ def test_token_texts_read_and_find_every_text_as_a_list_would(texts):
         assert texts[table.id_of(text)] == text
         if texts.count(text) == 1:
             assert table.id_of(text) == i
-    for missing in ("\x00never", "zzzzzzz"):
-        assert (table.id_of(missing) is None) == (missing not in texts)
+    for absent in ("\x00never", "zzzzzzz"):
+        assert (table.id_of(absent) is None) == (absent not in texts)

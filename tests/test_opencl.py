@@ -19,12 +19,10 @@ from polydev import (Context, DeviceType, GGMLType, alloc_ctx_tensors, build_gra
                      tensor_copy, tensor_copy_async)
 from polydev.buffer import tensor_get, tensor_memset, tensor_set
 
-OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
-pytestmark = [pytest.mark.opencl,
-              pytest.mark.skipif(not OPENCL, reason="no OpenCL device (pip install "
-                                 "'polydev[opencl]' brings PoCL)")]
-two_devices = pytest.mark.skipif(len(OPENCL) < 2, reason="needs two OpenCL devices: run with "
-                                 "POCL_DEVICES='pthread pthread'")
+from needs import OPENCL, opencl_mark
+
+pytestmark = [pytest.mark.opencl, opencl_mark()]
+two_devices = opencl_mark(2)
 
 
 @pytest.fixture

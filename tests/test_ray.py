@@ -24,6 +24,7 @@ from polydev.errors import OutOfBoundsError, RemoteDeviceError  # noqa: E402
 from polydev.sched import Scheduler  # noqa: E402
 
 from model_files import FIXTURES, SMOLLM2, model_path  # noqa: E402
+from needs import missing  # noqa: E402
 
 pytestmark = pytest.mark.ray
 K = 64
@@ -47,7 +48,8 @@ def remote():
 
 def _remote_pair(remote):
     if remote[1] is None:
-        pytest.skip("needs an OpenCL device on the node for a second remote device")
+        missing("POLYDEV_REQUIRE_OPENCL", "needs an OpenCL device on the node for a second "
+                "remote device (pip install -e '.[opencl]')")
     return remote
 
 

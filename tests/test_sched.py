@@ -16,8 +16,9 @@ from polydev.errors import ClosedError, ConfigError, InvalidArgumentError, Unsup
 from polydev.sched import Scheduler
 from polydev import sched_split
 
-OPENCL = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "OpenCL"]
-needs_opencl = pytest.mark.skipif(not OPENCL, reason="needs an OpenCL device (PoCL)")
+from needs import OPENCL, opencl_mark
+
+needs_opencl = opencl_mark()
 K = 64
 
 
@@ -282,7 +283,7 @@ OPS = ["mul_mat", "add", "mul", "silu", "rms_norm", "soft_max", "scale", "gelu"]
 
 @needs_opencl
 @settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_graphs_match_one_cpu(backends, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
