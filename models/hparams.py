@@ -32,6 +32,7 @@ class HParams:
     n_expert_used: int = 0
     n_ff_exp: int = 0                 # feed-forward width of one expert
     sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()  # per layer: attends over the sliding window
     rms_eps: float = 1e-6
     n_rot: int = 0                    # dimensions rotated by RoPE (0: the head size)
     rope_freq_base: float = 10000.0
@@ -64,6 +65,7 @@ class HParams:
         if len(n_head_kv) != n_layer:
             raise GGUFError(f"{f.path}: {arch}.attention.head_count_kv has {len(n_head_kv)} "
                             f"entries for {n_layer} layers")
+        sliding_window = int(key("attention.sliding_window", 0))
         head_dim = n_embd // n_head if n_head else 0
         tokens = f.get("tokenizer.ggml.tokens")
         n_vocab = int(f.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
@@ -76,7 +78,8 @@ class HParams:
             n_vocab=n_vocab, n_expert=int(key("expert_count", 0)),
             n_expert_used=int(key("expert_used_count", 0)),
             n_ff_exp=int(key("expert_feed_forward_length", 0)),
-            sliding_window=int(key("attention.sliding_window", 0)),
+            sliding_window=sliding_window,
+            swa_layers=_swa_layers(f, arch, n_layer, sliding_window),
             rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
             n_rot=int(key("rope.dimension_count", 0)),
             rope_freq_base=float(key("rope.freq_base", 10000.0)),
@@ -103,12 +106,36 @@ class HParams:
         return self.n_rot or self.n_embd_head_k
 
     def is_swa(self, il: int) -> bool:
-        """Whether layer ``il`` attends over a sliding window (gemma3: 5 of every 6 layers)."""
-        if self.sliding_window <= 0:
-            return False
-        if self.arch == "gemma3":
-            return il % 6 < 5
-        return False
+        """Whether layer ``il`` attends over a sliding window (gemma3: 5 of every 6 layers
+        unless its file says otherwise)."""
+        return il < len(self.swa_layers) and self.swa_layers[il]
+
+
+# The architectures with sliding-window layers and their default pattern (llama.cpp's
+# ``load_swa_pattern(ml, n)`` in each architecture's ``load_arch_hparams``).
+SWA_PATTERNS = {"gemma3": 6}
+
+
+def _swa_layers(f: GGUFFile, arch: str, n_layer: int, window: int) -> tuple[bool, ...]:
+    """Which layers attend over the sliding window, as llama.cpp reads it: none without a
+    window; else ``<arch>.attention.sliding_window_pattern``, either a per-layer array (true
+    or nonzero: sliding; layers past its end: global) or a number n (layer il slides when
+    il % n < n - 1, so n = 0 makes every layer slide and n = 1 none), by default the
+    architecture's own n."""
+    if window <= 0 or arch not in SWA_PATTERNS:
+        return (False,) * n_layer
+    key = f"{arch}.attention.sliding_window_pattern"
+    value = f.get(key, SWA_PATTERNS[arch])
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.size > n_layer or value.dtype.kind not in "biu":
+            raise GGUFError(f"{f.path}: {key} must be at most {n_layer} booleans or integers, "
+                            f"one per layer; it holds {value.size} of {value.dtype}")
+        return tuple(bool(v) for v in value) + (False,) * (n_layer - value.size)
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise GGUFError(f"{f.path}: {key} must be a whole number of layers (0 or more) or a "
+                        f"per-layer array; it is {value!r}")
+    n = int(value)
+    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
 
 
 def _freq_scale(f: GGUFFile, arch: str) -> float:

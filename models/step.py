@@ -43,7 +43,8 @@ class StepGraph:
         # the cache holds one sequence, cell i at position i: a token's cell index is its
         # position, and SET_ROWS takes i32 indices as well as i64
         self.cells = self.positions
-        self.mask = ctx.new_tensor(GGMLType.F16, [n_kv, n], name="kq_mask").set_input()
+        self.mask: Tensor | None = ctx.new_tensor(GGMLType.F16, [n_kv, n],
+                                                  name="kq_mask").set_input()
         self.mask_swa = (ctx.new_tensor(GGMLType.F16, [n_kv, n], name="kq_mask_swa").set_input()
                          if hp.sliding_window > 0 else None)
         self._mask_rows = np.empty((n, n_kv), dtype=np.float16)     # filled, then written
@@ -52,6 +53,12 @@ class StepGraph:
                         .set_input() if shape.n_outputs < n else None)
         self.logits: Tensor = build(self).set_output()
         self.graph: Graph = build_graph(self.logits)
+        # An input no node reads gets no memory, so it is never written: a gemma3 whose
+        # layers all slide reads no global mask, one with no sliding layer no window mask.
+        read = {id(t) for t in self.graph.leafs}
+        self.mask = self.mask if id(self.mask) in read else None
+        if self.mask_swa is not None and id(self.mask_swa) not in read:
+            self.mask_swa = None
 
     def set_inputs(self, tokens: np.ndarray, n_past: int) -> None:
         """Fill the inputs for ``tokens`` at positions ``n_past``..; call after allocation.
@@ -62,7 +69,8 @@ class StepGraph:
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
         tensor_set(self.tokens, np.asarray(tokens, dtype=np.int32).reshape(n))
         tensor_set(self.positions, pos)
-        tensor_set(self.mask, self._fill_mask(pos, 0))
+        if self.mask is not None:
+            tensor_set(self.mask, self._fill_mask(pos, 0))
         if self.mask_swa is not None:
             tensor_set(self.mask_swa, self._fill_mask(pos, self.hp.sliding_window))
         if self.out_ids is not None:

@@ -60,9 +60,10 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
                      n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 320, tied: bool = False,
                      n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
                      head_dim: int | None = None, sliding_window: int = 0,
-                     seed: int = 0) -> Path:
+                     swa_pattern: int | list[bool] | None = None, seed: int = 0) -> Path:
     """A small GGUF of architecture ``arch`` (llama, qwen2, qwen3, qwen3moe, gemma3) with
-    random weights and the metadata keys llama.cpp reads."""
+    random weights and the metadata keys llama.cpp reads; ``swa_pattern`` writes
+    ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer)."""
     import gguf
     import numpy as np
 
@@ -83,6 +84,8 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         w.add_value_length(head_dim)
     if sliding_window:
         w.add_sliding_window(sliding_window)
+    if swa_pattern is not None:
+        w.add_sliding_window_pattern(swa_pattern)
     if arch in ("qwen3moe",):
         w.add_expert_feed_forward_length(n_ff)
     if n_expert:

@@ -80,6 +80,8 @@ def forward(reader, tokens) -> np.ndarray:
     base = float(key("rope.freq_base", 10000.0))
     base_swa = float(key("rope.freq_base_swa", 10000.0))
     window = int(key("attention.sliding_window", 0))
+    # gemma3's sliding layers: a per-layer array, or a number n (il % n < n - 1 slides; 0: all)
+    pattern = key("attention.sliding_window_pattern", 6)
     n_used = int(key("expert_used_count", 0))
     softcap = float(key("final_logit_softcapping", 0.0) or 0.0)
     gemma = arch == "gemma3"
@@ -94,7 +96,12 @@ def forward(reader, tokens) -> np.ndarray:
     freq_factors = W.get("rope_freqs.weight")
     for il in range(n_layer):
         p = f"blk.{il}."
-        swa = gemma and window > 0 and il % 6 < 5
+        if not (gemma and window > 0):
+            swa = False
+        elif isinstance(pattern, (list, np.ndarray)):
+            swa = il < len(pattern) and bool(pattern[il])
+        else:
+            swa = int(pattern) == 0 or il % int(pattern) < int(pattern) - 1
         h = rms_norm(x, W[p + "attn_norm.weight"], eps)
 
         def proj(name, h=h):

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("regex")
 
-from polydev.errors import InvalidArgumentError  # noqa: E402
+from polydev.errors import GGUFError, InvalidArgumentError  # noqa: E402
 from polydev.models import load  # noqa: E402
 
 import reference_models  # noqa: E402
@@ -69,6 +69,63 @@ def test_f16_cache_and_decode_steps(arch_model):
             rows.append(m.logits())
     np.testing.assert_allclose(np.stack(rows), want[5:], atol=1e-2 * np.abs(want).max(),
                                err_msg=name)
+
+
+@pytest.mark.parametrize("n_layer, pattern", [
+    (3, None),                          # fewer than 6 layers: all slide under the default 6
+    (4, [True, True, True, True]),      # a per-layer array with no global layer
+    (4, 0),                             # the number 0: every layer slides
+    (3, 1),                             # the number 1: no layer slides
+    (5, [False, True]),                 # an array shorter than the layers: the rest global
+])
+def test_gemma3_sliding_window_patterns(tmp_path, n_layer, pattern):
+    """gemma3 reads ``attention.sliding_window_pattern`` as llama.cpp does, and a step whose
+    graph never reads one of the two masks (all layers slide, or none) still runs: prompt
+    and decode logits equal the float64 evaluation."""
+    path = write_test_model(tmp_path / "m.gguf", arch="gemma3", head_dim=32, sliding_window=4,
+                            n_layer=n_layer, weight_type="F16", swa_pattern=pattern)
+    ids = tokens_for(12, seed=5)
+    want = reference_models.forward(gguf_reader(path), ids)
+    with load(path, devices=[], n_ctx=256, type_k="f32", type_v="f32", progress=False) as m:
+        m.eval(ids[:8], all_logits=True)
+        rows = list(m.logits())
+        for t in ids[8:]:
+            m.eval([t])
+            rows.append(m.logits())
+    np.testing.assert_allclose(np.stack(rows), want, atol=2e-3 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("n_layer, pattern", [(3, None), (4, [True] * 4), (5, [False, True])])
+def test_gemma3_sliding_window_patterns_against_llama_cpp(tmp_path, n_layer, pattern):
+    """llama.cpp itself on the same files gives the same logits, within its own F16 rounding
+    (1e-3 of the largest logit here, as on gemma3's default pattern; reading the pattern
+    wrongly differs by 0.86). Pattern 1 (no sliding layer) is ours alone: llama.cpp aborts on
+    a file with a window and no sliding layer."""
+    llama = llama_cpp()
+    path = write_test_model(tmp_path / "m.gguf", arch="gemma3", head_dim=32, sliding_window=4,
+                            n_layer=n_layer, weight_type="F16", swa_pattern=pattern)
+    ids = tokens_for(12, seed=5)
+    llm = llama.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    try:
+        llm.eval(ids)
+        theirs = np.asarray(llm.scores[:len(ids)])
+    finally:
+        llm.close()
+    with load(path, devices=[], n_ctx=64, progress=False) as m:
+        m.eval(ids, all_logits=True)
+        ours = m.logits()
+    np.testing.assert_allclose(ours, theirs, atol=3e-3 * np.abs(theirs).max())
+
+
+@pytest.mark.parametrize("pattern, message", [
+    ([True] * 5, "at most 4 booleans or integers"),
+    ([0.5, 1.0], "at most 4 booleans or integers"),
+])
+def test_gemma3_bad_sliding_window_pattern_is_a_gguf_error(tmp_path, pattern, message):
+    path = write_test_model(tmp_path / "m.gguf", arch="gemma3", head_dim=32, sliding_window=4,
+                            n_layer=4, weight_type="F16", swa_pattern=pattern)
+    with pytest.raises(GGUFError, match=f"sliding_window_pattern must be {message}"):
+        load(path, devices=[], n_ctx=64, progress=False)
 
 
 def test_decode_across_256_cell_boundaries(tmp_path):
