@@ -38,3 +38,14 @@ def test_the_scheduler_example_prints_what_the_readme_says(tmp_path):
     (block,) = [b for b in BLOCKS if "Scheduler(" in b]
     first_line = _run(block, tmp_path).splitlines()[0]
     assert f"`{first_line}`" in README.read_text()
+
+
+def test_ci_runs_the_readme_test_command_as_written():
+    """.ci/run runs the bash block after "Run the tests:": it installs everything
+    (tests/setup.sh), requires every optional part, and ends with pytest."""
+    section = README.read_text().split("Run the tests:", 1)[1]
+    command = re.search(r"```bash\n(.*?)\n```", section, re.S).group(1)
+    assert "bash tests/setup.sh" in command and command.endswith("python -m pytest -q tests")
+    for part in ("OPENCL", "MODELS", "RAY", "LLAMA_CPP"):
+        assert f"POLYDEV_REQUIRE_{part}=1" in command
+    assert '"Run the tests:"' in (README.parent / ".ci" / "run").read_text()
