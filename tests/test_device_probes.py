@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import stat
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -283,3 +284,16 @@ def test_no_gpu_that_builds_means_no_devices_and_the_reason(monkeypatch):
     assert reg.devices == []
     assert reg.unavailable_reason.startswith("no GPU can run the backend's kernels (its "
                                              "kernels do not build: CompileException")
+
+
+def test_required_opencl_without_a_usable_device_stops_the_run_with_one_line():
+    """POLYDEV_REQUIRE_OPENCL and no usable platform (here: none selected) is one line at
+    once, not hundreds of failures."""
+    env = {**os.environ, "POLYDEV_REQUIRE_OPENCL": "1", "POLYDEV_OPENCL_PLATFORM": "no such"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/test_env.py"], cwd=os.path.dirname(os.path.dirname(__file__)),
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert lines == ["ERROR: POLYDEV_REQUIRE_OPENCL is set but no OpenCL device matches "
+                     "POLYDEV_OPENCL_PLATFORM='no such' POLYDEV_OPENCL_DEVICE=None"], lines
