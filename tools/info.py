@@ -134,6 +134,7 @@ def _report(f, hp, vocab, plan) -> dict[str, Any]:
                     "n_embd_head_k": hp.n_embd_head_k, "n_embd_head_v": hp.n_embd_head_v,
                     "n_vocab": hp.n_vocab, "n_expert": hp.n_expert,
                     "n_expert_used": hp.n_expert_used, "sliding_window": hp.sliding_window,
+                    "n_sliding_layers": sum(hp.swa_layers),
                     "rope_freq_base": f.get(f"{hp.arch}.rope.freq_base")},
         "tokenizer": tokenizer,
         "tensors": {"count": len(f.tensors), "bytes": sum(by_type.values()),
