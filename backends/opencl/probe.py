@@ -129,9 +129,12 @@ def _probe_in_child(platform_index: int, platform: Any, device_indices: list[int
     where the child gives none)."""
     request = {"platform": platform_index, "name": platform.name.strip(),
                "version": platform.version.strip(), "devices": device_indices}
+    # the child reads no POLYDEV_* variable (it is told what to probe): without them it has
+    # nothing to warn about, and its stderr holds the driver's words alone
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYDEV_")}
     try:
         done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request),
-                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         why = f"building and running a 10-line kernel took over {PROBE_TIMEOUT_S} s"
         return [why] * len(device_indices)
