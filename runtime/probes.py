@@ -25,7 +25,7 @@ from .env import cache_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cached_probes", "cpu_info", "host_cpu"]
+__all__ = ["cached_probes", "cpu_info", "error_lines", "host_cpu"]
 
 _lock = threading.Lock()
 
@@ -56,6 +56,12 @@ def host_cpu() -> str:
     flags = zlib.crc32(info.get("flags", "").encode())
     return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
             f"{info.get('model', '?')}, flags {flags:08x})")
+
+
+def error_lines(text: str) -> list[str]:
+    """The lines of a compiler's or driver's output that report an error (its log also holds
+    warnings, notes and option lists), stripped."""
+    return [line.strip() for line in text.splitlines() if "error" in line.lower()]
 
 
 def cached_probes(kind: str, keys: Sequence[Mapping[str, object]],

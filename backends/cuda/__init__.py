@@ -31,13 +31,14 @@ def _make_reg() -> Reg:
     if count == 0:
         return Reg("CUDA", unavailable_reason="the CUDA driver shows no GPU")
     from .device import CUDADevice
+    from .programs import gpu_name
     devices: list[CUDADevice] = []
     excluded: list[ExcludedDevice] = []
     for index, (answer, fresh) in enumerate(_probe_gpus(cupy, count)):
         if answer is None:
             devices.append(CUDADevice(index, cupy, devices, ordinal=len(devices)))
             continue
-        label = f"GPU {index} {_gpu_name(cupy, index)}"
+        label = f"GPU {index} {gpu_name(cupy.cuda.runtime.getDeviceProperties(index))}"
         excluded.append(ExcludedDevice(label, answer))
         # said loudly once, when found; later processes read the answer from the cache
         log.log(logging.WARNING if fresh else logging.INFO, "CUDA device left out: %s: %s",
@@ -63,11 +64,6 @@ def _probe_gpus(cupy, count: int) -> list[tuple[str | None, bool]]:
         return answers
 
     return cached_probes("cuda", [build_key(cupy, i) for i in range(count)], build)
-
-
-def _gpu_name(cupy, index: int) -> str:
-    name = cupy.cuda.runtime.getDeviceProperties(index)["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 register = reg_once(_make_reg)

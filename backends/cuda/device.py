@@ -16,7 +16,7 @@ from polydev.tensor import Tensor
 from .backend import CUDABackend, CUDAEvent
 from .buffer import CUDABufferType, CUDAHostBufferType
 from .kernels import TABLE
-from .programs import KernelModule
+from .programs import KernelModule, gpu_name
 
 OFFLOAD_MIN_BATCH_ENV = "POLYDEV_OP_OFFLOAD_MIN_BATCH"
 PEER_ACCESS_ALREADY_ENABLED = 704        # cudaErrorPeerAccessAlreadyEnabled
@@ -50,9 +50,7 @@ class CUDADevice(Device):
         """GPU ``index`` as CUDA counts it, named "CUDA<ordinal>" (default: its index; a GPU
         left out at discovery shifts the names of those after it)."""
         props = cupy.cuda.runtime.getDeviceProperties(index)
-        name = props["name"]
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        super().__init__(f"CUDA{index if ordinal is None else ordinal}", name)
+        super().__init__(f"CUDA{index if ordinal is None else ordinal}", gpu_name(props))
         self.cupy = cupy
         self.index = index
         self.integrated = bool(props.get("integrated", 0))

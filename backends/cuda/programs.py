@@ -9,6 +9,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from polydev.probes import error_lines
+
 SOURCE_DIR = Path(__file__).with_name("cu")
 SOURCE_FILES = ("common.cuh", "quant.cu", "rows.cu", "rope.cu")
 
@@ -18,17 +20,22 @@ def kernel_source() -> str:
     return "\n".join((SOURCE_DIR / name).read_text() for name in SOURCE_FILES)
 
 
+def gpu_name(props: dict) -> str:
+    """The GPU's name from CuPy's device properties (bytes in some CuPy versions)."""
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def build_key(cupy: Any, device_id: int) -> dict[str, object]:
     """Everything whether the module builds on a GPU depends on: the source, the compiler
     (NVRTC's version, CuPy's), the driver and the GPU's architecture."""
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
-    name = props["name"]
     try:
         nvrtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
     except Exception as e:             # NVRTC missing: the build says so, and is kept
         nvrtc = f"unavailable ({type(e).__name__})"
     return {"source": f"{zlib.crc32(kernel_source().encode()):08x}",
-            "gpu": name.decode() if isinstance(name, bytes) else str(name),
+            "gpu": gpu_name(props),
             "compute_capability": f"{props.get('major', 0)}.{props.get('minor', 0)}",
             "driver": cupy.cuda.runtime.driverGetVersion(), "nvrtc": nvrtc,
             "cupy": cupy.__version__}
@@ -36,9 +43,8 @@ def build_key(cupy: Any, device_id: int) -> dict[str, object]:
 
 def build_error(error: Exception, limit: int = 3) -> str:
     """NVRTC's own error lines (a CompileException holds the whole log), else the error."""
-    text = str(error)
-    lines = [line.strip() for line in text.splitlines() if "error" in line.lower()]
-    return f"{type(error).__name__}: {'; '.join(lines[:limit]) or text.strip()}"
+    lines = error_lines(str(error))
+    return f"{type(error).__name__}: {'; '.join(lines[:limit]) or str(error).strip()}"
 
 
 class KernelModule:

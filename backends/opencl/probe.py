@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from polydev.probes import cached_probes, host_cpu
+from polydev.probes import cached_probes, error_lines, host_cpu
 
 PROBE_KIND = "opencl"
 # A working driver builds and runs the probe in about a second, cold; one that needs this
@@ -61,8 +61,8 @@ def _probe_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def compiler_message(error: Exception, limit: int = 3) -> str:
     """The compiler's own error lines from pyopencl's build exception (its log holds the
     whole build output, notes and option lists included)."""
-    lines = [line.strip() for line in str(error).splitlines() if "error" in line.lower()]
-    lines = [line for line in lines if not line.startswith("clBuildProgram failed")]
+    lines = [line for line in error_lines(str(error))
+             if not line.startswith("clBuildProgram failed")]
     return "; ".join(lines[:limit]) or str(error).strip()
 
 
@@ -167,8 +167,8 @@ def _child_failure(done: subprocess.CompletedProcess) -> str:
     else:
         how = f"exited with status {done.returncode}"
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower()]
-    said = (errors or lines or [""])[-1]  # the driver's own error line, else its last words
+    # the driver's own error line, else its last words
+    said = (error_lines(done.stderr) or lines or [""])[-1]
     return f"the driver {how} while building or running a kernel{': ' + said if said else ''}"
 
 
