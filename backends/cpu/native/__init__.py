@@ -1,4 +1,5 @@
-"""The CPU backend's compiled kernels (``kernels.c``), built once with the system C compiler.
+"""The CPU backend's compiled kernels (the ``*.c`` files here), built once with the system C
+compiler.
 
 numpy has no product of a block-format weight with float32 activations, so without these
 kernels a quantized weight is decoded to float32 (the weight cache) and multiplied by BLAS:
@@ -31,7 +32,9 @@ from polydev.probes import host_cpu
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels.c")
+HERE = Path(__file__).parent
+SOURCES = sorted(HERE.glob("*.c"))
+HEADERS = sorted(HERE.glob("*.h"))
 DISABLE_ENV = "POLYDEV_CPU_NATIVE"
 # -ffp-contract=off: each block decodes with ggml's own float32 operations, never fused
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
@@ -74,6 +77,9 @@ class NativeKernels:
         self.rope_f32_packed = _entry(library.pd_rope_f32_packed, [_ptr, _ptr, _ptr])
         self.rms_norm_f32_packed = _entry(library.pd_rms_norm_f32_packed, [_ptr, _f32])
         self.set_rows_f32_packed = _entry(library.pd_set_rows_f32_packed, [_ptr], _int)
+        self.mul_mat_int16_packed = _entry(library.pd_mul_mat_int16_packed, [_ptr], _int)
+        int16_product_of = _entry(library.pd_int16_product_of, [_int], _int)
+        self._int16_types = {t for t in range(64) if int16_product_of(t)}
         block_size = _entry(library.pd_block_size, [_int], _int)
         self._block_sizes = {t: block_size(t) for t in range(64)}
 
@@ -81,6 +87,10 @@ class NativeKernels:
         """Elements per block of ggml type ``type_id`` as the kernels read it; 0 where the
         kernels do not read that type."""
         return self._block_sizes.get(type_id, 0)
+
+    def has_int16_product(self, type_id: int) -> bool:
+        """Whether ``mul_mat_int16`` multiplies ggml type ``type_id`` on this build."""
+        return type_id in self._int16_types
 
 
 def _compiler() -> str | None:
@@ -93,7 +103,7 @@ def _identity(cc: str, flags: list[str]) -> str:
     a cache key needs no cryptographic hash, and hashlib would load OpenSSL's libcrypto into
     every process that computes (about 3.5 MiB resident)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    data = b"\0".join([SOURCE.read_bytes(), " ".join(flags).encode(),
+    data = b"\0".join([*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(flags).encode(),
                        version.stdout.encode(), host_cpu().encode()])
     return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}{len(data):x}"
 
@@ -104,8 +114,8 @@ def _build(cc: str, flags: list[str], target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], check=True, capture_output=True,
-                       text=True, timeout=300)
+        subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES)], check=True,
+                       capture_output=True, text=True, timeout=300)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -8,39 +8,9 @@
  * group's scale to its partial sum instead (AVX_SCALED_ROWS), so they differ from the numpy
  * path (decode, then BLAS) by the order of the sums and float32 rounding.
  */
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#if defined(__F16C__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "blocks.h"
 
-#define QK 32
-#define QK_K 256
 #define MAX_ROWS 8      /* activation rows a weight block is reused for, per pass */
-
-/* ggml type ids */
-enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
-
-static inline float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
-    if (e == 0) {
-        float v = (float)m * 5.9604644775390625e-08f;    /* 2^-24: zero or subnormal */
-        return sign ? -v : v;
-    }
-    bits = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
 
 /* --- one block to float32, as ggml's dequantize_row_* ------------------------------------ */
 
@@ -90,16 +60,6 @@ static inline __attribute__((always_inline)) void dq_q8_0(const uint8_t *restric
     float d = f16(b);
     const int8_t *qs = (const int8_t *)(b + 2);
     for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
-}
-
-static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
 }
 
 static inline __attribute__((always_inline)) void dq_q4_k(const uint8_t *restrict b, float *restrict y) {
@@ -279,24 +239,6 @@ static inline __attribute__((always_inline)) void nibbles_i32(const uint8_t *qs,
     q[1] = _mm256_and_si256(b, mask);
     q[2] = _mm256_srli_epi32(a, 4);
     q[3] = _mm256_srli_epi32(b, 4);
-}
-
-/* 16 bytes of nibbles: the low nibbles (elements 0-15) then the high ones (16-31) */
-static inline __attribute__((always_inline)) __m256i nibbles(const uint8_t *qs) {
-    __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0xF);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
-}
-
-/* byte e is 0x10 where bit e of the 32-bit field is set, else 0 */
-static inline __attribute__((always_inline)) __m256i fifth_bits(const uint8_t *p) {
-    uint32_t bits;
-    memcpy(&bits, p, 4);
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                             0x0101010101010101LL, 0x0000000000000000LL);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
 static inline __attribute__((always_inline)) void scale_all(__m256 *w, float d) {
