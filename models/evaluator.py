@@ -19,6 +19,7 @@ import numpy as np
 from polydev import Backend, Scheduler, tensor_get
 from polydev.errors import InvalidArgumentError
 from polydev.lifetime import Resource
+from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
 from .arch import builder
 from .kv_cache import KVCache
@@ -53,10 +54,20 @@ class Timings:
             self.eval_seconds += seconds
 
 
+def _set_numerics(backend: Backend, numerics: str) -> None:
+    """Tell a backend whose reg has a "set_numerics" proc how to compute; the others have one
+    way only."""
+    reg = backend.device.reg
+    proc = reg.get_proc_address("set_numerics") if reg is not None else None
+    if proc is not None:
+        proc(backend, numerics)
+
+
 class Evaluator(Resource):
     """Evaluates tokens at the end of the cached sequence and returns their logits."""
 
-    def __init__(self, weights: ModelWeights, kv: KVCache, n_batch: int) -> None:
+    def __init__(self, weights: ModelWeights, kv: KVCache, n_batch: int,
+                 numerics: str = DEFAULT_NUMERICS) -> None:
         if n_batch <= 0:
             raise InvalidArgumentError(f"n_batch must be positive, got {n_batch}")
         self.hp = weights.placement.hparams
@@ -69,6 +80,8 @@ class Evaluator(Resource):
         self.backends: list[Backend] = []
         try:
             self.backends = [d.init_backend() for d in devices]
+            for b in self.backends:
+                _set_numerics(b, check_numerics(numerics))
             self.sched = Scheduler(self.backends, graph_size=_graph_size(self.hp))
         except BaseException:
             for b in self.backends:

@@ -15,6 +15,7 @@ import numpy as np
 
 from polydev.errors import InvalidArgumentError
 from polydev.lifetime import Resource
+from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
 from .chat_template import render_chat
 from .default_model import default_model_path
@@ -34,9 +35,12 @@ def load(path: str | os.PathLike | None = None, *, devices=None, n_gpu_layers: i
          split_mode: str = "layer", tensor_split=None, main_gpu: int = 0,
          override_tensor=(), cpu_moe: bool = False, no_kv_offload: bool = False,
          device_map=None, max_memory=None, n_ctx: int = 4096, n_batch: int = 512,
-         type_k: str = "f16", type_v: str = "f16", progress: bool = True) -> "Model":
+         type_k: str = "f16", type_v: str = "f16", progress: bool = True,
+         numerics: str = DEFAULT_NUMERICS) -> "Model":
     """Load a GGUF model (default: the embedded gemma-3-270m) with its layers placed as
-    llama.cpp's knobs (or accelerate's ``device_map``/``max_memory``) say."""
+    llama.cpp's knobs (or accelerate's ``device_map``/``max_memory``) say. ``numerics``:
+    "fast" (the default) or "exact", how the CPU computes (see ``polydev.numerics``)."""
+    check_numerics(numerics)
     path = default_model_path() if path is None else path
     file = GGUFFile(path)
     try:
@@ -46,7 +50,7 @@ def load(path: str | os.PathLike | None = None, *, devices=None, n_gpu_layers: i
             cpu_moe=cpu_moe, no_kv_offload=no_kv_offload, device_map=device_map,
             max_memory=max_memory, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)
         return Model(file, placement, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k,
-                     type_v=type_v, progress=progress)
+                     type_v=type_v, progress=progress, numerics=numerics)
     except BaseException:
         file.close()
         raise
@@ -56,7 +60,8 @@ class Model(Resource):
     """A loaded model; a context manager (``close()`` frees every buffer and the file)."""
 
     def __init__(self, file: GGUFFile, placement: Placement, *, n_ctx: int, n_batch: int,
-                 type_k: str, type_v: str, progress: bool = True) -> None:
+                 type_k: str, type_v: str, progress: bool = True,
+                 numerics: str = DEFAULT_NUMERICS) -> None:
         start = time.perf_counter()
         self.file, self.placement, self.hparams = file, placement, placement.hparams
         self.weights: ModelWeights | None = None
@@ -66,7 +71,7 @@ class Model(Resource):
             self.tokenizer = Tokenizer.from_gguf(file)
             self.weights = load_weights(file, placement, progress=progress)
             self.kv = KVCache(self.hparams, placement, n_ctx, type_k, type_v)
-            self.evaluator = Evaluator(self.weights, self.kv, n_batch)
+            self.evaluator = Evaluator(self.weights, self.kv, n_batch, numerics)
         except BaseException:
             self._free()
             raise

@@ -109,6 +109,13 @@ def test_bad_numbers_and_choices_are_usage_errors(argv, message):
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_a_bad_numerics_is_a_usage_error(command):
+    done = _polydev(command, "--numerics", "approximate")
+    assert done.returncode == 2 and "invalid choice: 'approximate'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_op_names_and_output_are_case_insensitive(capsys):
     assert main(["compare", "-b", "cpu", "-o", "add,Silu", "-p", "ne_a=\\[128,2,2,2\\]|ne=\\[10,5",
                  "--output", "JSON"]) == 0

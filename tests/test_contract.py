@@ -312,7 +312,9 @@ def test_weights_reloaded_into_a_fresh_buffer_are_not_served_stale(rng):
             out, buffer_id = _load_and_multiply(cpu, values, xv)
             ids.add(buffer_id)
             decoded = polydev.dequantize(polydev.quantize(values, GGMLType.Q8_0), GGMLType.Q8_0)
-            np.testing.assert_allclose(out, decoded.reshape(16, 64) @ xv, rtol=1e-4, atol=1e-4)
+            # stale weights would be off by about 1; int16 activations (the default numerics)
+            # by at most sum |w| * max |x| / 32767 / 2, about 2e-3 here (typically 2e-4)
+            np.testing.assert_allclose(out, decoded.reshape(16, 64) @ xv, rtol=1e-3, atol=3e-3)
             gc.collect()
     assert polydev.device("CPU").weight_cache.nbytes == 0   # freed buffers took their entries
     print(f"{8 - len(ids)} reloads reused a freed buffer's id()")

@@ -1,5 +1,6 @@
-"""The CPU backend's compiled kernels: products read straight from the blocks, and fp16
-conversion, against float64 numpy of ggml's decoded values and against the numpy path."""
+"""The CPU backend's compiled kernels: products read straight from the blocks (in float32, and
+with int16 activations), and fp16 conversion, against float64 numpy of ggml's decoded values
+and against the numpy path."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from polydev.backends.cpu import matmul as cpu_matmul
 from polydev.backends.cpu import native
 from polydev.backends.cpu.native import kernels
 
-from conftest import assert_close, compute
+from conftest import assert_close, compute, nmse
 from test_ops import f32, random_blocks
 
 pytestmark = pytest.mark.skipif(kernels() is None, reason="no C compiler for the CPU kernels")
@@ -26,7 +27,17 @@ NATIVE_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGML
 
 @pytest.fixture
 def cpu():
+    """The CPU backend computing exactly: its float32 products (numerics="exact")."""
     with polydev.init_backend("CPU") as b:
+        b.set_numerics("exact")
+        yield b
+
+
+@pytest.fixture
+def fast_cpu():
+    """The CPU backend as it computes by default (numerics="fast": int16 activations)."""
+    with polydev.init_backend("CPU") as b:
+        assert b.numerics == "fast"
         yield b
 
 
@@ -43,6 +54,57 @@ def test_block_product_equals_decoded_float64(cpu, rng, qtype, n):
     b = f32(rng, (1, 1, n, k))
     w = dequantize(raw, qtype).reshape(m, k).astype(np.float64)
     assert_close(_product(cpu, raw, qtype, b)[0, 0], b[0, 0].astype(np.float64) @ w.T, 1e-10)
+
+
+def int16_error_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The most the int16 products may differ from float64 for activations x [n, K] and
+    decoded weights w [M, K]: each activation is rounded to the nearest of its 32-value
+    group's steps of max|x| / 32767 (half a step off at most), plus float32 rounding of the
+    sums (relative to sum |w| |x|)."""
+    groups = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, 32).max(axis=2)
+    half_step = np.repeat(groups / 32767 / 2, 32, axis=1)          # [n, K]
+    magnitude = np.abs(x.astype(np.float64)) @ np.abs(w).T
+    return (1 + 1e-6) * half_step @ np.abs(w).T + 1e-6 * magnitude
+
+
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=str)
+# 1: decode; 4 and 5: a pass of four rows, and one row after it; 32: the most rows before BLAS
+@pytest.mark.parametrize("n", [1, 4, 5, 32])
+def test_int16_product_within_its_rounding_of_the_activations(fast_cpu, rng, qtype, n):
+    m, k = 37, 512
+    raw = random_blocks(rng, qtype, m, k)
+    x = f32(rng, (1, 1, n, k))
+    x[0, 0, :, :32] *= 1e-3              # a group of small values keeps its own precision
+    w = dequantize(raw, qtype).reshape(m, k).astype(np.float64)
+    out = _product(fast_cpu, raw, qtype, x)[0, 0]
+    ref = x[0, 0].astype(np.float64) @ w.T
+    assert np.all(np.abs(out - ref) <= int16_error_bound(x[0, 0], w))
+    assert nmse(out, ref) > 0            # the integer path ran: it is not float32-exact
+
+
+def test_int16_product_of_many_rows_is_the_float32_product(fast_cpu, cpu, rng):
+    """Above BLOCK_PRODUCT_ROWS rows (a prompt) both numerics multiply through BLAS."""
+    raw = random_blocks(rng, GGMLType.Q4_K, 16, 256)
+    x = f32(rng, (1, 1, cpu_matmul.BLOCK_PRODUCT_ROWS + 1, 256))
+    np.testing.assert_array_equal(_product(fast_cpu, raw, GGMLType.Q4_K, x),
+                                  _product(cpu, raw, GGMLType.Q4_K, x))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_int16_product_carries_non_finite_activations(fast_cpu, rng, bad):
+    """An inf or NaN activation makes the rows it meets NaN or inf, as in float32, never a
+    finite made-up value; the other rows are unaffected."""
+    raw = random_blocks(rng, GGMLType.Q8_0, 8, 256)
+    x = f32(rng, (1, 1, 2, 256))
+    x[0, 0, 1, 100] = bad
+    out = _product(fast_cpu, raw, GGMLType.Q8_0, x)[0, 0]
+    assert np.all(np.isfinite(out[0])) and not np.any(np.isfinite(out[1]))
+
+
+def test_numerics_is_checked(fast_cpu):
+    with pytest.raises(polydev.errors.InvalidArgumentError, match="exact, fast"):
+        fast_cpu.set_numerics("fastest")
+    assert fast_cpu.numerics == "fast"
 
 
 def test_f16_weight_and_many_tiles(cpu, rng, monkeypatch):

@@ -21,7 +21,7 @@ import numpy as np
 
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
-from .info import placement_knobs
+from .info import add_numerics_option, placement_knobs
 
 FORMATS = ("md", "csv", "json", "jsonl")
 
@@ -80,6 +80,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
                    help="ubatch size for prompts (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens")
+    add_numerics_option(p)
     p.set_defaults(run=run)
 
 
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             size = sum(t.nbytes for t in f.tensors.values()) / 2**20
             params = sum(t.n_elements for t in f.tensors.values()) / 1e6
         knobs.update(n_ctx=n_ctx, n_batch=args.batch_size)
-        with load(path, progress=False, **knobs) as model:
+        with load(path, progress=False, numerics=args.numerics, **knobs) as model:
             devices = "+".join(dict.fromkeys(d.name for d in model.placement.layer_devices))
             for name, n_prompt, n_gen in tests:
                 print(f"polydev bench: {os.path.basename(path)} {name} ...", end="\r",

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from polydev.errors import InvalidArgumentError, MissingDependencyError
+from polydev.numerics import DEFAULT_NUMERICS, NUMERICS
 
 from .table import format_table
 
@@ -42,6 +43,13 @@ def add_placement_options(p: argparse.ArgumentParser) -> None:
                    help="context size the KV cache is sized for (default 4096)")
     g.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
                    help="tokens per batch, for the compute estimate (default 512)")
+
+
+def add_numerics_option(p: argparse.ArgumentParser) -> None:
+    """``--numerics``: how the CPU computes (``polydev.numerics``)."""
+    p.add_argument("--numerics", choices=NUMERICS, default=DEFAULT_NUMERICS,
+                   help="fast (default): the CPU multiplies quantized weights by activations "
+                        "quantized to int16; exact: in float32, as a float64 evaluation gives")
 
 
 def placement_knobs(args: argparse.Namespace) -> dict[str, Any]:

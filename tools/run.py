@@ -11,7 +11,8 @@ import sys
 
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
-from .info import add_placement_options, layer_ranges, mib, model_path, placement_knobs
+from .info import (add_numerics_option, add_placement_options, layer_ranges, mib, model_path,
+                   placement_knobs)
 from .table import format_table
 
 
@@ -35,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--show-placement", action="store_true",
                    help="print where each layer went before generating")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
+    add_numerics_option(p)
     s = p.add_argument_group("sampling (as llama.cpp)")
     s.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (0.8)")
     s.add_argument("--top-k", type=int, default=40, help="top-k (40; 0 = off)")
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.n_predict < 0:
         raise InvalidArgumentError(f"-n must be 0 or more, got {args.n_predict}")
     knobs = placement_knobs(args)
-    with load(model_path(args), progress=not args.no_progress, **knobs) as model:
+    with load(model_path(args), progress=not args.no_progress, numerics=args.numerics,
+              **knobs) as model:
         if args.show_placement:
             _print_placement(model)
         try:

@@ -12,6 +12,7 @@ from typing import ContextManager
 import numpy as np
 
 from polydev.device import Backend
+from polydev.numerics import check_numerics
 
 from .env import NumpyEnv
 
@@ -19,12 +20,24 @@ from .env import NumpyEnv
 class CPUBackend(Backend):
     """A numpy compute stream on the CPU device."""
 
-    def __init__(self, device, n_threads: int | None = None) -> None:
+    def __init__(self, device, n_threads: int | None = None, numerics: str | None = None) -> None:
         super().__init__(device)
         self.env = NumpyEnv(device.weight_cache)
         self.n_threads = None
         if n_threads is not None:
             self.set_n_threads(n_threads)
+        if numerics is not None:
+            self.set_numerics(numerics)
+
+    @property
+    def numerics(self) -> str:
+        """How the quantized products compute (see polydev.numerics)."""
+        return self.env.numerics
+
+    def set_numerics(self, numerics: str) -> None:
+        """"exact" or "fast" (polydev.numerics), for the graphs planned from now on: a plan
+        already made keeps the kernels it bound."""
+        self.env.numerics = check_numerics(numerics)
 
     def set_n_threads(self, n_threads: int) -> None:
         """Threads of this stream's compiled kernels, and of numpy's BLAS (process-wide, as

@@ -87,6 +87,11 @@ def _set_n_threads(backend: CPUBackend, n_threads: int) -> None:
     backend.set_n_threads(n_threads)
 
 
+def _set_numerics(backend: CPUBackend, numerics: str) -> None:
+    backend.set_numerics(numerics)
+
+
 def make_reg() -> Reg:
-    """The CPU reg: one device, and ggml's "set_n_threads" proc."""
-    return Reg("CPU", [CPUDevice()], procs={"set_n_threads": _set_n_threads})
+    """The CPU reg: one device, ggml's "set_n_threads" proc, and "set_numerics"."""
+    return Reg("CPU", [CPUDevice()], procs={"set_n_threads": _set_n_threads,
+                                            "set_numerics": _set_numerics})

@@ -9,6 +9,7 @@ import numpy as np
 
 from polydev.buffer import BufferUsage
 from polydev.errors import NotAllocatedError, UnsupportedError
+from polydev.numerics import DEFAULT_NUMERICS
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS, dequantize, quantize
 
@@ -36,6 +37,7 @@ class NumpyEnv:
         self.weight_cache = weight_cache
         self.n_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)            # threads of the compiled kernels
+        self.numerics = DEFAULT_NUMERICS                # see polydev.numerics
         self._scratch = np.empty(0, dtype=np.float32)
         self._memo: dict[Hashable, tuple[tuple, Any]] = {}
 

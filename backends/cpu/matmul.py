@@ -8,6 +8,10 @@ buffer and multiply each tile through BLAS, which is faster per row than the ker
 are many, and still holds no float32 copy of the weight. Either way the values are ggml's
 decoded values, so results equal the numpy path's up to float32 rounding. Shapes the kernels
 do not take (batched weights, strided activations) fall back to the shared array kernel.
+
+With ``numerics="fast"`` (the default, polydev.numerics) the few-row products quantize the
+activations to int16 and multiply integers (``native/int_dot.c``), where the build has those
+kernels for the weight's type; ``"exact"`` keeps the float32 products.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from polydev.backends.array.rows import as_rows
+from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -55,6 +60,8 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     if n_rows <= BLOCK_PRODUCT_ROWS:
         args = pack(type_id, w_ptr, w_stride, m, k, x_ptr, x_stride, n_rows, y_ptr, y_stride,
                     env.n_threads)
+        if env.numerics == "fast" and lib.has_int16_product(type_id):
+            return _int16_product(lib, args, node)
         mul_mat, where = lib.mul_mat_packed, args.ctypes.data
 
         def from_blocks() -> None:
@@ -73,3 +80,16 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
             lib.dequantize_rows(type_id, w_ptr, w_stride, i0, i1, k, tile.ctypes.data, 1)
             np.matmul(x, tile[:i1 - i0].T, out=y[:, i0:i1])
     return by_tiles
+
+
+def _int16_product(lib, args: np.ndarray, node: Tensor) -> Callable[[], None]:
+    """The bound integer product (``pd_mul_mat_int16``, packed as ``mul_mat``)."""
+    mul_mat, where = lib.mul_mat_int16_packed, args.ctypes.data
+    rows, k = int(args[7]), int(args[4])
+
+    def from_integers() -> None:
+        if mul_mat(where) != 0:         # 2: its int16 copy of the activations found no memory
+            raise AllocationError(f"MUL_MAT {node.name or '<unnamed>'}: no memory for the "
+                                  f"int16 copy of {rows} x {k} activations")
+    from_integers.keep_alive = args
+    return from_integers
