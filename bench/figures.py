@@ -15,11 +15,14 @@ JSON_HELP = ('print one JSON object instead of a table: {"bench", "machine", "fi
              'measurement with the target its issue asked for')
 
 
-def parse_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
+def parse_args(doc: str, argv: list[str] | None, extra=None) -> argparse.Namespace:
+    """--json and --quick, and what ``extra(parser)`` adds."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--json", action="store_true", help=JSON_HELP)
     parser.add_argument("--quick", action="store_true", help="smaller, shorter runs (a smoke "
                         "test; the figures to quote come from full runs)")
+    if extra is not None:
+        extra(parser)
     return parser.parse_args(argv)
 
 

@@ -1,15 +1,22 @@
-"""Both models on the CPU: polydev against llama.cpp, prompt (pp512) and generation (tg128).
+"""Models on the CPU: polydev against llama.cpp, prompt (pp512) and generation (tg128).
 
-For SmolLM2-135M (Q4_1) and gemma-3-270m (Q4_K_M), each engine runs in its own process (so
-its peak RSS is its own), one after the other for each model:
-- polydev t/s / llama.cpp t/s for pp512 (target 1.0) and tg128 (target 0.5);
-- polydev's peak RSS against the GGUF file plus the KV cache (target 1.5);
+For SmolLM2-135M (Q4_1), gemma-3-270m (Q4_K_M) and, with ``--scale``, random-weight models of
+the 1B class (SCALE_MODELS: TinyLlama's widths in Q4_K, Q4_0 and Q6_K, qwen3 in Q8_0; written
+once with gguf.GGUFWriter, the K-quants by polydev's quantizer, into
+$POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
+own), one after the other for each model:
+- polydev t/s / llama.cpp t/s for pp512 and tg128 (target 1.0);
+- polydev's peak RSS against llama.cpp's (target 1.0), and against the GGUF file plus the KV
+  cache (target 1.5);
 - polydev's Python time per node of a replayed decode step: the step's time minus the time
   spent inside its kernels, divided by its nodes (target 2 µs);
 - polydev's decode (tg128) with half the layers on OpenCL0 (llama.cpp's -ngl counting: the
   output layer is one of them) against all on the CPU backend, both in one process and
   measured in turns (target 0.5); missing, with the reason, where there is no OpenCL device.
-llama.cpp is llama-cpp-python (2 threads); without it the ratios are missing and say why. Its
+llama.cpp is llama-cpp-python (2 threads): the installed one, or the one in the directory
+``--llama-cpp DIR`` names (e.g. a build for this machine: ``CMAKE_ARGS="-DGGML_NATIVE=ON" pip
+wheel --no-deps llama-cpp-python==0.3.36``, unpacked there); without it the ratios are missing
+and say why. Its
 wheel has only the CPU backend, so polydev loads only its own (POLYDEV_BACKENDS=cpu: no OpenCL
 driver, which would add about 37 MiB of RSS).
 Prints a table, or with --json one JSON object.
@@ -33,7 +40,36 @@ leave_bench_dir()        # bench/gguf.py would stand for the gguf package polyde
 N_PROMPT, N_GEN, N_CTX = 512, 128, 1024
 
 
-def _models() -> dict[str, str]:
+# 1B-class shapes: TinyLlama's widths (8 of its 22 layers) and a qwen3 of the same class
+TINYLLAMA = dict(arch="llama", n_layer=8, n_embd=2048, n_head=32, n_head_kv=4, n_ff=5632,
+                 n_vocab=49152)
+QWEN3 = dict(arch="qwen3", n_layer=6, n_embd=2048, n_head=16, n_head_kv=8, head_dim=128,
+             n_ff=6144, n_vocab=49152)
+SCALE_MODELS = {
+    "llama 1B-class Q4_K": dict(TINYLLAMA, weight_type="Q4_K"),
+    "llama 1B-class Q4_0": dict(TINYLLAMA, weight_type="Q4_0"),
+    "llama 1B-class Q6_K": dict(TINYLLAMA, weight_type="Q6_K"),
+    "qwen3 1B-class Q8_0": dict(QWEN3, weight_type="Q8_0"),
+}
+
+
+def _scale_model(label: str, shape: dict) -> str:
+    """The random-weight model ``label``, written on first use (tests/model_files.py)."""
+    from polydev.env import cache_dir
+
+    path = cache_dir("bench-models") / (label.replace(" ", "-") + ".gguf")
+    if not path.exists():
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from model_files import write_test_model
+
+        print(f"writing {path} ...", file=sys.stderr, flush=True)
+        part = path.with_suffix(".part")
+        write_test_model(part, **shape)
+        part.rename(path)
+    return str(path)
+
+
+def _models(scale: bool) -> dict[str, str]:
     from polydev.models import default_model_path
 
     out = {}
@@ -42,6 +78,8 @@ def _models() -> dict[str, str]:
         out["SmolLM2-135M Q4_1"] = str(Path(spec.submodule_search_locations[0])
                                        / "SmolLM2-135M-Instruct.Q4_1.gguf")
     out["gemma-3-270m Q4_K_M"] = str(default_model_path())
+    if scale:
+        out.update({label: _scale_model(label, shape) for label, shape in SCALE_MODELS.items()})
     return out
 
 
@@ -218,13 +256,16 @@ def llama_cpp_child(path: str, reps: int) -> dict:
     return {"pp": pp, "tg": tg, "rss": _peak_rss()}
 
 
-def _child(engine: str, path: str, reps: int) -> dict | str:
+def _child(engine: str, path: str, reps: int, llama_cpp_dir: str | None = None) -> dict | str:
     """Run one engine on one model in a fresh process; its result, or why it failed."""
     code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
             f"import models as m; print(json.dumps(m.{engine}_child({path!r}, {reps})))")
     # models.py takes bench/ off the path as it is imported (see leave_bench_dir)
     backends = {"polydev": "cpu", "polydev_opencl": "cpu,opencl"}
     env = dict(os.environ, POLYDEV_BACKENDS=backends[engine]) if engine in backends else None
+    if engine == "llama_cpp" and llama_cpp_dir:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [llama_cpp_dir, *filter(None, [os.environ.get("PYTHONPATH")])]))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
@@ -236,15 +277,16 @@ def _mean(values: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(__doc__, argv)
+    args = parse_args(__doc__, argv, extra=_options)
     reps = 1 if args.quick else 3
     figures = []
-    for label, path in _models().items():
-        ours, theirs = _child("polydev", path, reps), _child("llama_cpp", path, reps)
+    for label, path in _models(args.scale).items():
+        ours = _child("polydev", path, reps)
+        theirs = _child("llama_cpp", path, reps, args.llama_cpp)
         if isinstance(ours, str):
             print(f"polydev failed on {label}: {ours}", file=sys.stderr)
             return 1
-        for test, target in (("pp", 1.0), ("tg", 0.5)):
+        for test, target in (("pp", 1.0), ("tg", 1.0)):
             name = f"{label}: {test}{N_PROMPT if test == 'pp' else N_GEN} polydev / llama.cpp"
             if isinstance(theirs, str):
                 figures.append({"name": name, "value": None, "unit": "ratio", "target": target,
@@ -256,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
             figures.append({"name": name, "value": round(ratio, 3), "unit": "ratio",
                             "target": target, "better": "higher",
                             "detail": f"{_mean(ours[test])} vs {_mean(theirs[test])}"})
+        if not isinstance(theirs, str):
+            figures.append({"name": f"{label}: polydev peak RSS / llama.cpp's",
+                            "value": round(ours["rss"] / theirs["rss"], 2), "unit": "ratio",
+                            "target": 1.0, "better": "lower",
+                            "detail": f"{ours['rss'] / 2**20:.0f} MiB vs "
+                                      f"{theirs['rss'] / 2**20:.0f} MiB"})
         budget = ours["file"] + ours["kv"]
         figures.append({"name": f"{label}: polydev peak RSS / (file + KV cache)",
                         "value": round(ours["rss"] / budget, 2), "unit": "ratio",
@@ -277,9 +325,19 @@ def main(argv: list[str] | None = None) -> int:
                         "detail": f"{ours['nodes']} nodes, step {ours['step_s'] * 1e3:.1f} ms, "
                                   f"kernels {ours['kernel_s'] * 1e3:.1f} ms, timing probes "
                                   f"{ours['probe_s'] * 1e6:.0f} µs"})
-        figures.append(_opencl_figure(label, path, reps))
-    print_figures("models", "2 threads, CPU", figures, args.json)
+        if label not in SCALE_MODELS:         # OpenCL on PoCL: minutes per 1B-class model
+            figures.append(_opencl_figure(label, path, reps))
+    engine = f"llama.cpp from {args.llama_cpp}" if args.llama_cpp else "llama.cpp installed"
+    print_figures("models", f"2 threads, CPU; {engine}", figures, args.json)
     return 0
+
+
+def _options(parser) -> None:
+    parser.add_argument("--scale", action="store_true",
+                        help="also the 1B-class random-weight models (SCALE_MODELS)")
+    parser.add_argument("--llama-cpp", metavar="DIR",
+                        help="run the llama-cpp-python found in DIR (e.g. a build for this "
+                             "machine) instead of the installed one")
 
 
 def _opencl_figure(label: str, path: str, reps: int) -> dict:

@@ -56,6 +56,19 @@ def gguf_reader(path: Path):
 _READERS: dict[str, object] = {}
 
 
+def quantized(values, kind):
+    """``values`` in ggml type ``kind`` (a gguf.GGMLQuantizationType): gguf's own quantizer
+    where it has one, polydev's for the K-quants gguf's Python package cannot write."""
+    import gguf
+
+    try:
+        return gguf.quants.quantize(values, kind)
+    except NotImplementedError:
+        import polydev
+
+        return polydev.quantize(values, polydev.GGMLType[kind.name])
+
+
 def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 320, tied: bool = False,
                      n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
@@ -107,7 +120,7 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         if kind == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, values)
         else:
-            w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+            w.add_tensor(name, quantized(values, kind), raw_dtype=kind)
 
     f32 = gguf.GGMLQuantizationType.F32
     matrix("token_embd.weight", n_embd, n_vocab, kind=gguf.GGMLQuantizationType.Q8_0)
