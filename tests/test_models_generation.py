@@ -110,6 +110,7 @@ def test_run_streams_text_and_prints_a_summary(capsys, small_model):
     assert out.strip()                                    # some text
     assert "prompt eval time" in err and "eval time" in err and "splits per step" in err
     assert "0-1, output" in err                           # the placement table
+    assert "system_info: CPU kernels = " in err and "numerics = fast" in err
 
 
 def test_run_is_deterministic_when_greedy(capsys, small_model):

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 print()
         except KeyboardInterrupt:
             print("\n[interrupted]", file=sys.stderr)
+        _print_system_info(args)
         _print_summary(model)
     return 0
 
@@ -124,6 +125,17 @@ def _converse(model, first: str | None, args: argparse.Namespace) -> None:
         print()
         messages.append({"role": "assistant", "content": reply})
         message = None
+
+
+def _print_system_info(args: argparse.Namespace) -> None:
+    """As llama.cpp's system_info line: how the CPU computes (its kernels' feature level,
+    and where they came from; or the numpy path) and with which numerics."""
+    from polydev.backends.cpu.native import kernels
+
+    lib = kernels()
+    cpu = f"{lib.variant} ({lib.origin})" if lib is not None else "none (the numpy path)"
+    print(f"polydev: system_info: CPU kernels = {cpu} | numerics = {args.numerics}",
+          file=sys.stderr)
 
 
 def _print_placement(model) -> None:

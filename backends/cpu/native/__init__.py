@@ -1,22 +1,28 @@
-"""The CPU backend's compiled kernels (the ``*.c`` files here), built once with the system C
-compiler.
+"""The CPU backend's compiled kernels (the ``*.c`` files here).
 
 numpy has no product of a block-format weight with float32 activations, so without these
 kernels a quantized weight is decoded to float32 (the weight cache) and multiplied by BLAS:
 four to seven times the bytes per product and in memory. ``kernels.c`` multiplies straight
-from the blocks. It is compiled on first use, as tinygrad compiles its CPU kernels, with
-``$CC`` (else ``cc``) for this machine's CPU (``-march=native``) into
-``$POLYDEV_CACHE_DIR/kernels`` under a name that hashes the source, the flags, the compiler
-and the CPU, so a changed source or another machine sharing the cache builds its own copy.
+from the blocks.
 
-Without a compiler, or with ``POLYDEV_CPU_NATIVE=0``, ``kernels()`` is None and the CPU
-backend keeps its numpy path, which gives the same values up to the order of the sums.
+They are compiled as the package is built or installed (setup.py), one library per x86-64
+feature level (``variants.py``), so no compiler is needed at run time. ``kernels()`` loads the
+best level this CPU can run and logs once which one. Where no installed library was built from
+these sources (a checkout that was never installed, or an editable install whose C files have
+changed since) and a C compiler is here (``$CC``, else ``cc``), it builds that level into
+``$POLYDEV_CACHE_DIR/kernels`` under a name that hashes the sources, flags and compiler.
+
+Without either, or with ``POLYDEV_CPU_NATIVE=0``, ``kernels()`` is None and the CPU backend
+keeps its numpy path, the reference, which gives the same values up to the order of the sums.
+``POLYDEV_CPU_KERNELS=<level>`` (``x86-64``, ``x86-64-v3``, ...) asks for a lower level than the
+best, as the tests do to check each one.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import logging
 import os
 import shutil
@@ -28,17 +34,17 @@ from pathlib import Path
 import numpy as np
 
 from polydev.env import cache_dir, env_int, env_text
-from polydev.probes import host_cpu
+from polydev.errors import ConfigError
+
+from . import variants
+from .variants import Variant
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = sorted(HERE.glob("*.c"))
-HEADERS = sorted(HERE.glob("*.h"))
 DISABLE_ENV = "POLYDEV_CPU_NATIVE"
-# -ffp-contract=off: each block decodes with ggml's own float32 operations, never fused
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
-OPENMP = ["-fopenmp"]
+VARIANT_ENV = "POLYDEV_CPU_KERNELS"
 # Rounds an OpenMP thread spins after a parallel region before it sleeps. libgomp's default,
 # 300,000, is milliseconds of spinning; on a machine of few cores that spinning holds a core
 # the next kernel's threads need (the OpenCL driver's, BLAS's, or the sibling hyperthread's).
@@ -63,10 +69,14 @@ def pack(*args: int | None) -> np.ndarray:
 
 
 class NativeKernels:
-    """The loaded library's entry points, with their C signatures declared."""
+    """The loaded library's entry points, with their C signatures declared; ``variant`` is
+    its feature level, ``origin`` "installed" (built with the package) or "built" (by the
+    loader, into the cache)."""
 
-    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
-        self.path = path
+    def __init__(self, library: ctypes.CDLL, path: Path, origin: str) -> None:
+        self.path, self.origin = path, origin
+        self.variant = _entry(library.pd_variant, [], ctypes.c_char_p)().decode()
+        self.source_id = _entry(library.pd_source_id, [], ctypes.c_char_p)().decode()
         self.dequantize_rows = _entry(library.pd_dequantize_rows,
                                       [_int, _ptr, _i64, _i64, _i64, _i64, _ptr, _int])
         self.f16_to_f32 = _entry(library.pd_f16_to_f32,
@@ -93,19 +103,48 @@ class NativeKernels:
         return type_id in self._int16_types
 
 
+def chosen_variant() -> Variant:
+    """The feature level to load: the best this CPU runs, or the one ``POLYDEV_CPU_KERNELS``
+    names (a ConfigError where it is unknown, or needs features this CPU lacks: its code would
+    stop the process with an illegal instruction)."""
+    runnable = variants.supported()
+    name = env_text(VARIANT_ENV)
+    if not name:
+        return runnable[0]
+    known = {v.name: v for v in variants.variants()}
+    if name not in known:
+        raise ConfigError(f"{VARIANT_ENV}={name!r}: no such build of the CPU kernels here "
+                          f"(one of {', '.join(known)})")
+    if known[name] not in runnable:
+        missing = sorted(set(known[name].needs) - variants.cpu_flags())
+        raise ConfigError(f"{VARIANT_ENV}={name!r}: this CPU lacks {', '.join(missing)}")
+    return known[name]
+
+
+def installed_path(variant: Variant) -> Path | None:
+    """Where the package's build of ``variant`` is (found as Python finds a module, so an
+    editable install's too), or None where it was not built."""
+    spec = importlib.util.find_spec(f"{__name__}.{variant.module}")
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
 def _compiler() -> str | None:
     cc = env_text("CC") or "cc"
     return shutil.which(cc)
 
 
+def _build_flags(variant: Variant, openmp: bool) -> list[str]:
+    defines = [f'-DPD_SOURCE_ID="{variants.source_id()}"', f'-DPD_VARIANT="{variant.name}"']
+    return [*variants.BASE_FLAGS, *variant.flags, *(variants.OPENMP_FLAGS if openmp else ()),
+            *defines, "-fPIC", "-shared"]
+
+
 def _identity(cc: str, flags: list[str]) -> str:
-    """A checksum of everything the built library depends on. CRC-32 and Adler-32 (zlib):
-    a cache key needs no cryptographic hash, and hashlib would load OpenSSL's libcrypto into
-    every process that computes (about 3.5 MiB resident)."""
+    """A checksum of what a build depends on beyond the sources (whose checksum is among the
+    flags): the flags and the compiler."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    data = b"\0".join([*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(flags).encode(),
-                       version.stdout.encode(), host_cpu().encode()])
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}{len(data):x}"
+    data = "\0".join([*flags, version.stdout]).encode()
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
 
 
 def _build(cc: str, flags: list[str], target: Path) -> None:
@@ -136,20 +175,36 @@ def _open_library(path: Path) -> ctypes.CDLL:
         del os.environ["GOMP_SPINCOUNT"]
 
 
-def _load() -> NativeKernels | None:
+def _load_installed(variant: Variant) -> NativeKernels | None:
+    path = installed_path(variant)
+    if path is None:
+        log.debug("the package has no build of the CPU kernels for %s", variant.name)
+        return None
+    lib = NativeKernels(_open_library(path), path, "installed")
+    if lib.source_id != variants.source_id():
+        log.info("the installed CPU kernels (%s) were built from other sources than these "
+                 "(reinstall the package to rebuild them)", path)
+        return None
+    return lib
+
+
+def _load_built(variant: Variant) -> NativeKernels | None:
+    """Build ``variant`` into the cache with this machine's compiler (once), then load it."""
     cc = _compiler()
     if cc is None:
-        log.warning("no C compiler (set $CC): the CPU backend multiplies quantized weights "
-                    "through float32 copies, which is slower and uses more memory")
+        log.warning("the CPU kernels are not installed and there is no C compiler to build them "
+                    "(set $CC or reinstall polydev): the CPU backend multiplies quantized "
+                    "weights through float32 copies, which is slower and uses more memory")
         return None
     last_error = None
-    for flags in (FLAGS + OPENMP, FLAGS):          # without OpenMP: one thread, still correct
+    for openmp in (True, False):                  # without OpenMP: one thread, still correct
+        flags = _build_flags(variant, openmp)
         target = cache_dir("kernels") / f"kernels-{_identity(cc, flags)}.so"
         try:
             if not target.exists():
-                log.info("building the CPU kernels with %s into %s", cc, target)
+                log.info("building the CPU kernels (%s) with %s into %s", variant.name, cc, target)
                 _build(cc, flags, target)
-            return NativeKernels(_open_library(target), target)
+            return NativeKernels(_open_library(target), target, "built")
         except (OSError, subprocess.SubprocessError) as e:
             last_error = getattr(e, "stderr", None) or str(e)
     log.warning("the CPU kernels did not build (%s): the CPU backend multiplies quantized "
@@ -157,9 +212,17 @@ def _load() -> NativeKernels | None:
     return None
 
 
+def _load() -> NativeKernels | None:
+    variant = chosen_variant()
+    lib = _load_installed(variant) or _load_built(variant)
+    if lib is not None:
+        log.info("CPU kernels: %s (%s, %s)", lib.variant, lib.origin, lib.path)
+    return lib
+
+
 @functools.lru_cache(maxsize=1)
 def kernels() -> NativeKernels | None:
-    """The compiled kernels, built on first use; None where they cannot be (see the module)."""
+    """The compiled kernels (see the module); None where there are none: the numpy path."""
     if not env_int(DISABLE_ENV):
         return None
     return _load()

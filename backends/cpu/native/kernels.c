@@ -2,7 +2,7 @@
  * activations, read straight from the blocks (no float32 copy of the weight), and fp16 to
  * float32 conversion.
  *
- * Built at run time by polydev.backends.cpu.native with the system C compiler. A decoded block
+ * Built once per x86-64 feature level (variants.py) as the package is installed. A decoded block
  * holds exactly what ggml's reference dequantize_row_* gives (the same float32 operations in
  * the same order: this file is compiled with -ffp-contract=off). The block products apply each
  * group's scale to its partial sum instead (AVX_SCALED_ROWS), so they differ from the numpy
@@ -11,6 +11,17 @@
 #include "blocks.h"
 
 #define MAX_ROWS 8      /* activation rows a weight block is reused for, per pass */
+
+/* What the loader checks: the sources this library was built from (a checksum) and its
+ * feature level, both set by the build (setup.py, or the loader's own build). */
+#ifndef PD_SOURCE_ID
+#define PD_SOURCE_ID "unknown"
+#endif
+#ifndef PD_VARIANT
+#define PD_VARIANT "unknown"
+#endif
+const char *pd_source_id(void) { return PD_SOURCE_ID; }
+const char *pd_variant(void) { return PD_VARIANT; }
 
 /* --- one block to float32, as ggml's dequantize_row_* ------------------------------------ */
 

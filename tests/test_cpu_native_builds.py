@@ -1,0 +1,103 @@
+"""The CPU kernels' builds (backends/cpu/native/variants.py): one library per x86-64 feature
+level, built with the package; each level this CPU can run gives the numpy path's results,
+the best one loads without a compiler, and a missing or stale build is rebuilt or said."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polydev.backends.cpu import native
+from polydev.backends.cpu.native import variants
+from polydev.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE_TESTS = Path(__file__).resolve().parent / "test_cpu_native.py"
+
+
+def _lower_levels() -> list[str]:
+    """The levels this CPU runs besides the best one (which the rest of the suite uses)."""
+    return [v.name for v in variants.supported()[1:]]
+
+
+@pytest.mark.parametrize("level", _lower_levels())
+def test_each_level_this_cpu_runs_passes_the_kernel_tests(level):
+    """test_cpu_native.py (every kernel against the numpy path and float64) with the kernels
+    of ``level``: the plain-C level has no SIMD code at all, so its scalar paths are checked
+    here too."""
+    env = {**os.environ, native.VARIANT_ENV: level}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(NATIVE_TESTS)], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
+
+
+def test_the_installed_build_of_the_best_level_loads():
+    """The package's install built the kernels (setup.py): the best level this CPU runs is
+    loaded from there, with no compiler needed at run time."""
+    best = variants.supported()[0]
+    path = native.installed_path(best)
+    assert path is not None, f"the install did not build the CPU kernels for {best.name}"
+    lib = native.kernels()
+    if lib is None or lib.origin != "installed":
+        built_from = native.NativeKernels(native._open_library(path), path, "installed")
+        if built_from.source_id != variants.source_id():
+            pytest.skip("the C sources changed since the install (an editable checkout): "
+                        "reinstall to rebuild")
+    assert lib is not None and lib.origin == "installed" and lib.variant == best.name
+
+
+def test_without_an_installed_build_the_loader_builds_one_once(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "installed_path", lambda variant: None)
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
+    lib = native._load()
+    assert lib is not None and lib.origin == "built"
+    assert lib.variant == variants.supported()[0].name
+    assert lib.source_id == variants.source_id()
+    builds = list((tmp_path / "kernels").glob("*.so"))
+    assert len(builds) == 1
+    monkeypatch.setattr(native, "_build", lambda *a: pytest.fail("built twice"))
+    assert native._load().path == builds[0]
+
+
+def test_without_kernels_or_compiler_the_numpy_path_is_said(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(native, "installed_path", lambda variant: None)
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native._load() is None
+    assert "no C compiler" in caplog.text and "float32 copies" in caplog.text
+
+
+def test_a_level_is_asked_for_by_name_and_checked(monkeypatch):
+    monkeypatch.setenv(native.VARIANT_ENV, "x86-64-v9")
+    with pytest.raises(ConfigError, match="no such build"):
+        native.chosen_variant()
+    if variants.variants()[-1].name != "x86-64":
+        pytest.skip("not an x86-64 processor")
+    monkeypatch.setattr(variants, "cpu_flags", lambda: frozenset({"sse2"}))
+    monkeypatch.setenv(native.VARIANT_ENV, "x86-64-v3")
+    with pytest.raises(ConfigError, match="this CPU lacks .*avx2"):
+        native.chosen_variant()
+    monkeypatch.setenv(native.VARIANT_ENV, "x86-64")
+    assert native.chosen_variant().name == "x86-64"
+    monkeypatch.delenv(native.VARIANT_ENV)
+    assert native.chosen_variant().name == "x86-64"       # the best this CPU runs
+
+
+def test_the_package_installs_without_a_compiler(tmp_path):
+    """setup.py's build never fails the install: with no compiler each level is left out
+    (and polydev runs its numpy path, or builds at run time)."""
+    env = {**os.environ, "CC": "/bin/false", "LDSHARED": "/bin/false -shared"}
+    done = subprocess.run([sys.executable, "setup.py", "-q", "build_ext",
+                           "--build-lib", str(tmp_path / "lib"),
+                           "--build-temp", str(tmp_path / "temp")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not list((tmp_path / "lib").rglob("*.so"))
