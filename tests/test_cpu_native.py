@@ -56,13 +56,13 @@ def test_block_product_equals_decoded_float64(cpu, rng, qtype, n):
     assert_close(_product(cpu, raw, qtype, b)[0, 0], b[0, 0].astype(np.float64) @ w.T, 1e-10)
 
 
-def int16_error_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def int16_error_bound(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
     """The most the int16 products may differ from float64 for activations x [n, K] and
-    decoded weights w [M, K]: each activation is rounded to the nearest of its 32-value
-    group's steps of max|x| / 32767 (half a step off at most), plus float32 rounding of the
-    sums (relative to sum |w| |x|)."""
-    groups = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, 32).max(axis=2)
-    half_step = np.repeat(groups / 32767 / 2, 32, axis=1)          # [n, K]
+    decoded weights w [M, K]: each activation is rounded to the nearest of its ``group``'s
+    steps of max|x| / 32767 (half a step off at most), plus float32 rounding of the sums
+    (relative to sum |w| |x|)."""
+    groups = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, group).max(axis=2)
+    half_step = np.repeat(groups / 32767 / 2, group, axis=1)       # [n, K]
     magnitude = np.abs(x.astype(np.float64)) @ np.abs(w).T
     return (1 + 1e-6) * half_step @ np.abs(w).T + 1e-6 * magnitude
 
@@ -74,11 +74,14 @@ def test_int16_product_within_its_rounding_of_the_activations(fast_cpu, rng, qty
     m, k = 37, 512
     raw = random_blocks(rng, qtype, m, k)
     x = f32(rng, (1, 1, n, k))
-    x[0, 0, :, :32] *= 1e-3              # a group of small values keeps its own precision
+    # the activations share one scale per block of the weight's type (32 or 256 values), so
+    # a block of small values keeps its own precision
+    group = qtype.traits.block_size
+    x[0, 0, :, :group] *= 1e-3
     w = dequantize(raw, qtype).reshape(m, k).astype(np.float64)
     out = _product(fast_cpu, raw, qtype, x)[0, 0]
     ref = x[0, 0].astype(np.float64) @ w.T
-    assert np.all(np.abs(out - ref) <= int16_error_bound(x[0, 0], w))
+    assert np.all(np.abs(out - ref) <= int16_error_bound(x[0, 0], w, group))
     assert nmse(out, ref) > 0            # the integer path ran: it is not float32-exact
 
 
@@ -90,14 +93,15 @@ def test_int16_product_of_many_rows_is_the_float32_product(fast_cpu, cpu, rng):
                                   _product(cpu, raw, GGMLType.Q4_K, x))
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=str)
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_int16_product_carries_non_finite_activations(fast_cpu, rng, bad):
+def test_int16_product_carries_non_finite_activations(fast_cpu, rng, qtype, bad):
     """An inf or NaN activation makes the rows it meets NaN or inf, as in float32, never a
     finite made-up value; the other rows are unaffected."""
-    raw = random_blocks(rng, GGMLType.Q8_0, 8, 256)
-    x = f32(rng, (1, 1, 2, 256))
-    x[0, 0, 1, 100] = bad
-    out = _product(fast_cpu, raw, GGMLType.Q8_0, x)[0, 0]
+    raw = random_blocks(rng, qtype, 8, 512)
+    x = f32(rng, (1, 1, 2, 512))
+    x[0, 0, 1, 300] = bad
+    out = _product(fast_cpu, raw, qtype, x)[0, 0]
     assert np.all(np.isfinite(out[0])) and not np.any(np.isfinite(out[1]))
 
 

@@ -34,12 +34,14 @@
 
 /* --- activations --------------------------------------------------------------------------- */
 
-/* n_rows activation rows of K values, each 32-value group as int16 values q and a scale e,
- * and (for weights with a minimum) the float sum of the group's activations */
+/* n_rows activation rows of K values as int16 values q, with one scale e per `group` values
+ * (32 for the 32-value block types; 256 for the K-quants, whose products sum a whole block in
+ * integers) and, for weights with a minimum, the float sum of each 32 values */
 typedef struct {
     int16_t *q;          /* [n_rows][K] */
-    float *e, *sums;     /* [n_rows][K / 32] */
-    int64_t K, n_rows;
+    float *e;            /* [n_rows][K / group] */
+    float *sums;         /* [n_rows][K / 32] */
+    int64_t K, n_rows, group;
 } int16_rows;
 
 static inline float hmax(__m256 v) {
@@ -56,148 +58,237 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* one group: 32 floats to 32 int16 (rounded to nearest), its scale and its sum */
-static inline void quantize_group(const float *x, int16_t *q, float *e, float *sum) {
+/* n (a multiple of 32) floats to int16 rounded to nearest on one scale e = max|x| / 32767,
+ * and the float sum of each 32 */
+static inline void quantize_group(const float *x, int64_t n, int16_t *q, float *e, float *sums) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 v[4], mx = _mm256_setzero_ps(), s = _mm256_setzero_ps();
-    for (int k = 0; k < 4; k++) {
-        v[k] = _mm256_loadu_ps(x + 8 * k);
-        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k]));
-        s = _mm256_add_ps(s, v[k]);
+    __m256 mx = _mm256_setzero_ps();
+    int finite = 1;
+    for (int64_t j = 0; j < n; j += 32) {
+        __m256 s = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            __m256 v = _mm256_loadu_ps(x + j + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
+            s = _mm256_add_ps(s, v);
+        }
+        float total = hsum8(s);
+        sums[j / 32] = total;
+        finite &= isfinite(total) != 0;
     }
-    float amax = hmax(mx), total = hsum8(s);
+    float amax = hmax(mx);
     __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
-    if (!isfinite(total)) {              /* inf or NaN: the whole group reads as NaN */
+    if (!finite) {                       /* inf or NaN: the whole group reads as NaN */
         inv = _mm256_setzero_ps();
         amax = NAN;
     }
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
-    /* packs works within 128-bit lanes: the permute puts the values back in order */
-    _mm256_storeu_si256((__m256i *)q, _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8));
-    _mm256_storeu_si256((__m256i *)(q + 16),
-                        _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xD8));
+    for (int64_t j = 0; j < n; j += 16) {
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), inv));
+        /* packs works within 128-bit lanes: the permute puts the values back in order */
+        _mm256_storeu_si256((__m256i *)(q + j),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8));
+    }
     *e = amax / 32767.0f;
-    *sum = total;
 }
 
 static void quantize_rows(const float *x, int64_t x_stride, int16_rows *a, int n_threads) {
-    int64_t ng = a->K / 32;
+    const int64_t ne = a->K / a->group, ns = a->K / 32;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && a->n_rows >= 8)
     for (int64_t r = 0; r < a->n_rows; r++)
-        for (int64_t j = 0; j < ng; j++)
-            quantize_group(x + r * x_stride + 32 * j, a->q + r * a->K + 32 * j,
-                           a->e + r * ng + j, a->sums + r * ng + j);
+        for (int64_t j = 0; j < ne; j++)
+            quantize_group(x + r * x_stride + a->group * j, a->group, a->q + r * a->K + a->group * j,
+                           a->e + r * ne + j, a->sums + r * ns + j * (a->group / 32));
 }
 
-/* --- weights: a block's scales once, then each 32-value group's quantized values as signed
- * bytes. d_lo[g] applies to values 0-15 of group g, d_hi[g] to 16-31 (they differ for Q6_K
- * only), m[g] is the group's minimum (0 without one; the products read it where MIN is set) ---------------------------------------- */
+/* --- the 32-value block types -----------------------------------------------------------------
+ * A block's values as signed bytes, its scale d and minimum m (0 without one). The group's
+ * integer sum is scaled in float, d e sum q X + m sum x: the scales are float per 32 values. */
 
-#define SCALES(NAME) static inline __attribute__((always_inline)) void NAME(                 \
-    const uint8_t *b, float *d_lo, float *d_hi, float *m)
-#define VALUES(NAME) static inline __attribute__((always_inline)) __m256i NAME(              \
-    const uint8_t *b, int g)
+#define VALUES(NAME) static inline __attribute__((always_inline)) __m256i NAME(const uint8_t *b)
 
-SCALES(sc_d) { *d_lo = *d_hi = f16(b); *m = 0.0f; }                 /* Q4_0, Q5_0, Q8_0 */
-SCALES(sc_dm) { *d_lo = *d_hi = f16(b); *m = f16(b + 2); }          /* Q4_1, Q5_1 */
-
-SCALES(sc_k) {                                                      /* Q4_K, Q5_K */
-    float d = f16(b), dmin = f16(b + 2);
-    for (int g = 0; g < 8; g++) {
-        uint8_t sc, mn;
-        scale_min_k4(g, b + 4, &sc, &mn);
-        d_lo[g] = d_hi[g] = d * sc;
-        m[g] = -(dmin * mn);
-    }
-}
-
-SCALES(sc_q6_k) {
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = f16(b + 208);
-    for (int g = 0; g < 8; g++) {        /* group g = 4 n + q: scales 8 n + 2 q and + 1 */
-        int s = 8 * (g >> 2) + 2 * (g & 3);
-        d_lo[g] = d * sc[s];
-        d_hi[g] = d * sc[s + 1];
-        m[g] = 0.0f;
-    }
-}
-
-VALUES(v_q4_0) { (void)g; return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)); }
-VALUES(v_q4_1) { (void)g; return nibbles(b + 4); }
-
+VALUES(v_q4_0) { return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)); }
+VALUES(v_q4_1) { return nibbles(b + 4); }
 VALUES(v_q5_0) {
-    (void)g;
     __m256i v = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
     return _mm256_sub_epi8(v, _mm256_set1_epi8(16));
 }
+VALUES(v_q5_1) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
+VALUES(v_q8_0) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
 
-VALUES(v_q5_1) { (void)g; return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
-VALUES(v_q8_0) { (void)g; return _mm256_loadu_si256((const __m256i *)(b + 2)); }
+/* Block b of one weight row times ROWS activation rows (a constant of each inlined copy, so
+ * the sums stay in registers): the block is unpacked and widened once for every row */
+#define BLOCK32_PRODUCT(NAME, BYTES, VAL, MIN)                                                \
+static inline __attribute__((always_inline)) void NAME##_block(                              \
+        const uint8_t *row, const int16_rows *a, int64_t r0, const int ROWS, int64_t b,     \
+        __m256 *acc, float *shift) {                                                        \
+    const int64_t nb = a->K / QK;                                                           \
+    const uint8_t *block = row + b * (BYTES);                                               \
+    const float d = f16(block);                                                             \
+    __m256i q = VAL(block);                                                                 \
+    __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));                           \
+    __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));                      \
+    for (int r = 0; r < ROWS; r++) {                                                        \
+        const int16_t *x = a->q + (r0 + r) * a->K + QK * b;                                 \
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)x);                                \
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 16));                         \
+        __m256i p = MADD16(MADD16(_mm256_setzero_si256(), w0, x0), w1, x1);                 \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                                     \
+                                 _mm256_set1_ps(d * a->e[(r0 + r) * nb + b]), acc[r]);      \
+        if (MIN) shift[r] = fmaf(f16(block + 2), a->sums[(r0 + r) * nb + b], shift[r]);     \
+    }                                                                                       \
+}                                                                                           \
+                                                                                            \
+/* two blocks at a time into two sets of sums: each sum's chain of dependent multiply-adds  \
+ * is half as long, so a single row (a decode step) does not wait on their latency */       \
+static inline __attribute__((always_inline)) void NAME##_tile(                               \
+        const uint8_t *row, const int16_rows *a, int64_t r0, const int ROWS, float *y,      \
+        int64_t y_stride) {                                                                 \
+    const int64_t nb = a->K / QK;                                                           \
+    __m256 acc[2][4];                                                                       \
+    float shift[2][4];                                                                      \
+    for (int r = 0; r < ROWS; r++)                                                          \
+        acc[0][r] = acc[1][r] = _mm256_setzero_ps(), shift[0][r] = shift[1][r] = 0.0f;      \
+    int64_t b = 0;                                                                          \
+    for (; b + 2 <= nb; b += 2) {                                                           \
+        NAME##_block(row, a, r0, ROWS, b, acc[0], shift[0]);                                \
+        NAME##_block(row, a, r0, ROWS, b + 1, acc[1], shift[1]);                            \
+    }                                                                                       \
+    if (b < nb) NAME##_block(row, a, r0, ROWS, b, acc[0], shift[0]);                        \
+    for (int r = 0; r < ROWS; r++)                                                          \
+        y[(r0 + r) * y_stride] = hsum8(_mm256_add_ps(acc[0][r], acc[1][r]))                 \
+                                 + (shift[0][r] + shift[1][r]);                             \
+}
 
-VALUES(v_q4_k) { return q4_k_values(b, g); }
-VALUES(v_q5_k) { return q5_k_values(b, g); }
+/* --- the K-quants -------------------------------------------------------------------------------
+ * Their sub-block scales are small integers (6 bits; 8 for Q6_K) under one float per 256
+ * values, and the activations have one scale per 256 values too, so a block's products sum in
+ * integers: each sub-block's int16 weights are multiplied by its scale first (at most 15 * 63,
+ * 31 * 63 and 32 * 128: all int16), and one float multiply-add per 256 values (per 128 for
+ * Q6_K) applies d e. No lane of the int32 sums can overflow: at most 32 products of
+ * 945 * 32767 (Q4_K) or 1953 * 32767 (Q5_K) per 256 values, 16 of 4096 * 32767 (Q6_K) per 128,
+ * all below 2^31. The minimum's term, sum_g m_g sum x_g, is one float multiply-add per block. */
 
-/* group g of a Q6_K block: half n = g / 4, quarter q = g % 4 of that half */
-VALUES(v_q6_k) {
+typedef struct {
+    __m256i scales;      /* Q4_K, Q5_K: the 8 sub-block scales as int16, in both halves */
+    __m256 mins;         /* Q4_K, Q5_K: -dmin m_g for the 8 groups' activation sums */
+    float d;
+} k_scales;
+
+/* Q4_K and Q5_K: 12 bytes hold 8 six-bit scales and 8 minimums (see scale_min_k4); four at
+ * a time from three 32-bit words */
+static inline __attribute__((always_inline)) k_scales scales_k4(const uint8_t *b) {
+    uint32_t u[3];
+    memcpy(u, b + 4, 12);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x30303030;
+    uint64_t sc = (uint64_t)((u[2] & low4) | ((u[0] >> 2) & top2)) << 32 | (u[0] & low6);
+    uint64_t mn = (uint64_t)(((u[2] >> 4) & low4) | ((u[1] >> 2) & top2)) << 32 | (u[1] & low6);
+    k_scales k;
+    k.scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+    k.mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
+                           _mm256_set1_ps(-f16(b + 2)));
+    k.d = f16(b);
+    return k;
+}
+
+static inline __attribute__((always_inline)) k_scales scales_q6_k(const uint8_t *b) {
+    k_scales k;                          /* w_q6_k reads its int8 scales from the block */
+    k.scales = _mm256_setzero_si256();
+    k.mins = _mm256_setzero_ps();
+    k.d = f16(b + 208);
+    return k;
+}
+
+/* scale s of the 8 in both halves of `scales` (Q4_K, Q5_K), in all 16 int16 lanes */
+static inline __attribute__((always_inline)) __m256i scale_k4(__m256i scales, int s) {
+    return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 * (2 * s + 1) + 2 * s)));
+}
+
+/* group g (32 values) of a block as two vectors of 16 int16 weights, times their scales */
+#define K_WEIGHTS(NAME) static inline __attribute__((always_inline)) void NAME(              \
+    const uint8_t *b, __m256i scales, int g, __m256i *w0, __m256i *w1)
+
+K_WEIGHTS(w_q4_k) {
+    __m256i q = q4_k_values(b, g), s = scale_k4(scales, g);
+    *w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), s);
+    *w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), s);
+}
+
+K_WEIGHTS(w_q5_k) {
+    __m256i q = q5_k_values(b, g), s = scale_k4(scales, g);
+    *w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), s);
+    *w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), s);
+}
+
+/* group g of a Q6_K block: half n = g / 4, quarter q = g % 4 of that half; its first 16
+ * values have scale 8 n + 2 q, the next 16 the one after */
+K_WEIGHTS(w_q6_k) {
     int n = g >> 2, q = g & 3;
     __m256i low = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32 * (q & 1)));
     if (q >> 1) low = _mm256_srli_epi16(low, 4);
     low = _mm256_and_si256(low, _mm256_set1_epi8(0xF));
     __m256i high = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
     high = _mm256_and_si256(_mm256_srli_epi16(high, 2 * q), _mm256_set1_epi8(3));
-    __m256i v = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(32));
+    __m256i v = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
+                                _mm256_set1_epi8(32));
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * n + 2 * q);
+    (void)scales;
+    *w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+                             _mm256_set1_epi16(sc[0]));
+    *w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+                             _mm256_set1_epi16(sc[1]));
 }
 
-/* --- the products ------------------------------------------------------------------------------
- * ROWS activation rows (a constant of each inlined copy, so the sums stay in registers) times
- * one weight row: each group is unpacked and widened once and multiplies every row's values */
-
-#define INT16_PRODUCT(NAME, BLOCK, BYTES, SC, VAL, SPLIT, MIN)                                \
+/* FLUSH: the groups whose integer sums may add before they are scaled in float (8, or 4 for
+ * Q6_K); MIN: the type has minimums */
+#define K_PRODUCT(NAME, BYTES, SCALES, WEIGHTS, FLUSH, MIN)                                   \
 static inline __attribute__((always_inline)) void NAME##_tile(                               \
         const uint8_t *row, const int16_rows *a, int64_t r0, const int ROWS, float *y,      \
         int64_t y_stride) {                                                                 \
-    enum { G = (BLOCK) / 32 };                                                              \
-    const int64_t nb = a->K / (BLOCK), ng = a->K / 32;                                      \
-    __m256 acc[4];                                                                          \
-    float shift[4];                                                                         \
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps(), shift[r] = 0.0f;           \
+    /* one row (a decode step) spreads its sums over four chains of dependent multiply-adds, \
+     * so it does not wait on their latency; four rows are four chains already */           \
+    const int CHAINS = ROWS == 1 ? 4 : 1;                                                   \
+    const int64_t nb = a->K / QK_K;                                                         \
+    __m256 acc[4], shift[4];                                                                \
+    for (int r = 0; r < ROWS; r++) acc[r] = shift[r] = _mm256_setzero_ps();                 \
     for (int64_t b = 0; b < nb; b++) {                                                      \
         const uint8_t *block = row + b * (BYTES);                                           \
-        float d_lo[G], d_hi[G], m[G];                                                       \
-        SC(block, d_lo, d_hi, m);                                                           \
-        for (int g = 0; g < G; g++) {                                                       \
-            __m256i q = VAL(block, g);                                                      \
-            __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));                   \
-            __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));              \
-            const int64_t group = b * G + g;                                                \
-            for (int r = 0; r < ROWS; r++) {                                                \
-                const int16_t *x = a->q + (r0 + r) * a->K + 32 * group;                     \
-                const float e = a->e[(r0 + r) * ng + group];                                \
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)x);                        \
-                __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 16));                 \
-                if (SPLIT) {                                                                \
-                    __m256i p0 = MADD16(_mm256_setzero_si256(), w0, x0);                    \
-                    __m256i p1 = MADD16(_mm256_setzero_si256(), w1, x1);                    \
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),                        \
-                                             _mm256_set1_ps(d_lo[g] * e), acc[r]);          \
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),                        \
-                                             _mm256_set1_ps(d_hi[g] * e), acc[r]);          \
-                } else {                                                                    \
-                    __m256i p = MADD16(MADD16(_mm256_setzero_si256(), w0, x0), w1, x1);     \
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                         \
-                                             _mm256_set1_ps(d_lo[g] * e), acc[r]);          \
+        const k_scales k = SCALES(block);                                                   \
+        _Pragma("GCC unroll 2")                                                             \
+        for (int g0 = 0; g0 < 8; g0 += (FLUSH)) {                                           \
+            __m256i sum[4][4];                                                              \
+            for (int r = 0; r < ROWS; r++)                                                  \
+                for (int c = 0; c < CHAINS; c++) sum[r][c] = _mm256_setzero_si256();        \
+            _Pragma("GCC unroll 8")                                                         \
+            for (int g = g0; g < g0 + (FLUSH); g++) {                                       \
+                __m256i w0, w1;                                                             \
+                WEIGHTS(block, k.scales, g, &w0, &w1);                                      \
+                const int c0 = (2 * g) % CHAINS, c1 = (2 * g + 1) % CHAINS;                 \
+                for (int r = 0; r < ROWS; r++) {                                            \
+                    const int16_t *x = a->q + (r0 + r) * a->K + QK_K * b + 32 * g;          \
+                    sum[r][c0] = MADD16(sum[r][c0], w0, _mm256_loadu_si256((const __m256i *)x)); \
+                    sum[r][c1] = MADD16(sum[r][c1], w1,                                     \
+                                        _mm256_loadu_si256((const __m256i *)(x + 16)));     \
                 }                                                                           \
-                if (MIN) shift[r] = fmaf(m[g], a->sums[(r0 + r) * ng + group], shift[r]);   \
+            }                                                                               \
+            for (int r = 0; r < ROWS; r++) {                                                \
+                for (int c = 1; c < CHAINS; c++)                                            \
+                    sum[r][0] = _mm256_add_epi32(sum[r][0], sum[r][c]);                     \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][0]),                     \
+                                         _mm256_set1_ps(k.d * a->e[(r0 + r) * nb + b]), acc[r]); \
             }                                                                               \
         }                                                                                   \
+        if (MIN)                                                                            \
+            for (int r = 0; r < ROWS; r++)                                                  \
+                shift[r] = _mm256_fmadd_ps(k.mins,                                          \
+                                           _mm256_loadu_ps(a->sums + (r0 + r) * (a->K / 32) + 8 * b), \
+                                           shift[r]);                                       \
     }                                                                                       \
-    for (int r = 0; r < ROWS; r++) y[(r0 + r) * y_stride] = hsum8(acc[r]) + shift[r];       \
-}                                                                                           \
-                                                                                            \
+    for (int r = 0; r < ROWS; r++)                                                          \
+        y[(r0 + r) * y_stride] = hsum8(acc[r]) + (MIN ? hsum8(shift[r]) : 0.0f);            \
+}
+
+/* the rows of a product: four activation rows at a time, then one */
+#define ROWS_OF(NAME)                                                                       \
 static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1,               \
                  const int16_rows *a, float *y, int64_t y_stride) {                         \
     int64_t r0 = 0;                                                                         \
@@ -209,14 +300,22 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1,    
             NAME##_tile(w + i * w_stride, a, r0, 1, y + i, y_stride);                       \
 }
 
-INT16_PRODUCT(i16_q4_0, QK, 18, sc_d, v_q4_0, 0, 0)
-INT16_PRODUCT(i16_q4_1, QK, 20, sc_dm, v_q4_1, 0, 1)
-INT16_PRODUCT(i16_q5_0, QK, 22, sc_d, v_q5_0, 0, 0)
-INT16_PRODUCT(i16_q5_1, QK, 24, sc_dm, v_q5_1, 0, 1)
-INT16_PRODUCT(i16_q8_0, QK, 34, sc_d, v_q8_0, 0, 0)
-INT16_PRODUCT(i16_q4_k, QK_K, 144, sc_k, v_q4_k, 0, 1)
-INT16_PRODUCT(i16_q5_k, QK_K, 176, sc_k, v_q5_k, 0, 1)
-INT16_PRODUCT(i16_q6_k, QK_K, 210, sc_q6_k, v_q6_k, 1, 0)
+BLOCK32_PRODUCT(i16_q4_0, 18, v_q4_0, 0)
+BLOCK32_PRODUCT(i16_q4_1, 20, v_q4_1, 1)
+BLOCK32_PRODUCT(i16_q5_0, 22, v_q5_0, 0)
+BLOCK32_PRODUCT(i16_q5_1, 24, v_q5_1, 1)
+BLOCK32_PRODUCT(i16_q8_0, 34, v_q8_0, 0)
+K_PRODUCT(i16_q4_k, 144, scales_k4, w_q4_k, 8, 1)
+K_PRODUCT(i16_q5_k, 176, scales_k4, w_q5_k, 8, 1)
+K_PRODUCT(i16_q6_k, 210, scales_q6_k, w_q6_k, 4, 0)
+ROWS_OF(i16_q4_0)
+ROWS_OF(i16_q4_1)
+ROWS_OF(i16_q5_0)
+ROWS_OF(i16_q5_1)
+ROWS_OF(i16_q8_0)
+ROWS_OF(i16_q4_k)
+ROWS_OF(i16_q5_k)
+ROWS_OF(i16_q6_k)
 
 typedef void (*int16_kernel)(const uint8_t *, int64_t, int64_t, int64_t, const int16_rows *,
                              float *, int64_t);
@@ -256,8 +355,9 @@ int pd_mul_mat_int16(int type, const uint8_t *w, int64_t w_stride, int64_t M, in
 #ifdef INT16_KERNELS
     int16_kernel kernel = int16_kernel_of(type);
     if (!kernel) return 1;
-    int16_rows a = {malloc(sizeof(int16_t) * n_rows * K), malloc(sizeof(float) * n_rows * (K / 32)),
-                    malloc(sizeof(float) * n_rows * (K / 32)), K, n_rows};
+    const int64_t group = (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) ? QK_K : QK;
+    int16_rows a = {malloc(sizeof(int16_t) * n_rows * K), malloc(sizeof(float) * n_rows * (K / group)),
+                    malloc(sizeof(float) * n_rows * (K / QK)), K, n_rows, group};
     int status = 2;
     if (a.q && a.e && a.sums) {
         quantize_rows(x, x_stride, &a, n_threads);
