@@ -70,6 +70,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("POLYDEV_BACKENDS"),
     Variable("POLYDEV_CPU_WEIGHT_CACHE_MB", float, None, 0),   # default: half the RAM
     Variable("POLYDEV_CPU_NATIVE", int, 1, 0, 1),
+    Variable("POLYDEV_CPU_KERNELS"),
     Variable("POLYDEV_OP_OFFLOAD_MIN_BATCH", int, 32, 0),
     Variable("POLYDEV_RAY_ADDRESS"),
     Variable("POLYDEV_RAY_TIMEOUT", float, 60.0, 0.001),

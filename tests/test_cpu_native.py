@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(kernels() is None, reason="no C compiler for the
 
 NATIVE_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                 GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+K_TYPES = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 
 
 @pytest.fixture
@@ -67,11 +68,17 @@ def int16_error_bound(x: np.ndarray, w: np.ndarray, group: int) -> np.ndarray:
     return (1 + 1e-6) * half_step @ np.abs(w).T + 1e-6 * magnitude
 
 
-@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=str)
-# 1: decode; 4 and 5: a pass of four rows, and one row after it; 32: the most rows before BLAS
-@pytest.mark.parametrize("n", [1, 4, 5, 32])
+def _int16_rows(qtype) -> list[int]:
+    """1: decode; 4 and 5: a pass of four rows, and one row after it; 8 and 32: the fewest and
+    most rows before BLAS, and the K-quants' GEMM from 8 on (70: tiles of four rows and two
+    left over)."""
+    return [1, 4, 5, 8, 32, 70] if qtype in K_TYPES else [1, 4, 5, 8, 32]
+
+
+@pytest.mark.parametrize("qtype, n", [(t, n) for t in NATIVE_TYPES for n in _int16_rows(t)],
+                         ids=str)
 def test_int16_product_within_its_rounding_of_the_activations(fast_cpu, rng, qtype, n):
-    m, k = 37, 512
+    m, k = 37, 512                       # 37 weight rows: the GEMM's tiles end mid-way
     raw = random_blocks(rng, qtype, m, k)
     x = f32(rng, (1, 1, n, k))
     # the activations share one scale per block of the weight's type (32 or 256 values), so
@@ -85,12 +92,25 @@ def test_int16_product_within_its_rounding_of_the_activations(fast_cpu, rng, qty
     assert nmse(out, ref) > 0            # the integer path ran: it is not float32-exact
 
 
-def test_int16_product_of_many_rows_is_the_float32_product(fast_cpu, cpu, rng):
-    """Above BLOCK_PRODUCT_ROWS rows (a prompt) both numerics multiply through BLAS."""
-    raw = random_blocks(rng, GGMLType.Q4_K, 16, 256)
+@pytest.mark.parametrize("qtype", K_TYPES, ids=str)
+def test_int16_gemm_is_the_decode_step_product_row_by_row(fast_cpu, rng, qtype):
+    """A prompt's rows (the GEMM) give what each row gives alone (the decode-step kernel):
+    the same int16 activations and integer sums, up to the order of the float sums."""
+    raw = random_blocks(rng, qtype, 45, 768)
+    x = f32(rng, (1, 1, 41, 768))
+    together = _product(fast_cpu, raw, qtype, x)[0, 0]
+    alone = np.concatenate([_product(fast_cpu, raw, qtype, x[:, :, i:i + 1])[0, 0]
+                            for i in range(x.shape[2])])
+    np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-5 * np.abs(alone).max())
+
+
+def test_int16_product_of_many_rows_without_a_gemm_is_the_float32_product(fast_cpu, cpu, rng):
+    """Above BLOCK_PRODUCT_ROWS rows (a prompt) the 32-value types multiply through BLAS under
+    both numerics."""
+    raw = random_blocks(rng, GGMLType.Q8_0, 16, 256)
     x = f32(rng, (1, 1, cpu_matmul.BLOCK_PRODUCT_ROWS + 1, 256))
-    np.testing.assert_array_equal(_product(fast_cpu, raw, GGMLType.Q4_K, x),
-                                  _product(cpu, raw, GGMLType.Q4_K, x))
+    np.testing.assert_array_equal(_product(fast_cpu, raw, GGMLType.Q8_0, x),
+                                  _product(cpu, raw, GGMLType.Q8_0, x))
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=str)

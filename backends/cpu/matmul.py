@@ -11,7 +11,9 @@ do not take (batched weights, strided activations) fall back to the shared array
 
 With ``numerics="fast"`` (the default, polydev.numerics) the few-row products quantize the
 activations to int16 and multiply integers (``native/int_dot.c``), where the build has those
-kernels for the weight's type; ``"exact"`` keeps the float32 products.
+kernels for the weight's type, and so do the many-row products of the K-quants
+(``native/int_gemm.c``: each weight block unpacked once for all rows, instead of decoded to
+float32 for BLAS); ``"exact"`` keeps the float32 products.
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     y_ptr, y_stride = y.ctypes.data, y.strides[0] // 4
     n_rows = x.shape[0]
 
+    args = pack(type_id, w_ptr, w_stride, m, k, x_ptr, x_stride, n_rows, y_ptr, y_stride,
+                env.n_threads)
+    if env.numerics == "fast" and (lib.has_int16_gemm(type_id) or (
+            n_rows <= BLOCK_PRODUCT_ROWS and lib.has_int16_product(type_id))):
+        return _int16_product(lib, args, node)
     if n_rows <= BLOCK_PRODUCT_ROWS:
-        args = pack(type_id, w_ptr, w_stride, m, k, x_ptr, x_stride, n_rows, y_ptr, y_stride,
-                    env.n_threads)
-        if env.numerics == "fast" and lib.has_int16_product(type_id):
-            return _int16_product(lib, args, node)
         mul_mat, where = lib.mul_mat_packed, args.ctypes.data
 
         def from_blocks() -> None:

@@ -90,6 +90,8 @@ class NativeKernels:
         self.mul_mat_int16_packed = _entry(library.pd_mul_mat_int16_packed, [_ptr], _int)
         int16_product_of = _entry(library.pd_int16_product_of, [_int], _int)
         self._int16_types = {t for t in range(64) if int16_product_of(t)}
+        int16_gemm_of = _entry(library.pd_int16_gemm_of, [_int], _int)
+        self._int16_gemm_types = {t for t in range(64) if int16_gemm_of(t)}
         block_size = _entry(library.pd_block_size, [_int], _int)
         self._block_sizes = {t: block_size(t) for t in range(64)}
 
@@ -101,6 +103,11 @@ class NativeKernels:
     def has_int16_product(self, type_id: int) -> bool:
         """Whether ``mul_mat_int16`` multiplies ggml type ``type_id`` on this build."""
         return type_id in self._int16_types
+
+    def has_int16_gemm(self, type_id: int) -> bool:
+        """Whether ``mul_mat_int16`` multiplies many rows (a prompt) of ggml type ``type_id``
+        by its GEMM on this build, which unpacks each weight block once for all rows."""
+        return type_id in self._int16_gemm_types
 
 
 def chosen_variant() -> Variant:

@@ -18,45 +18,9 @@
  * activations. Non-finite activations make the group's scale NaN, so they reach the result as
  * they do in float32 arithmetic.
  */
-#include "blocks.h"
+#include "int16.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-
-#define INT16_KERNELS 1
-
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define MADD16(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
-#elif defined(__AVXVNNI__)
-#define MADD16(acc, a, b) _mm256_dpwssd_avx_epi32((acc), (a), (b))
-#else
-#define MADD16(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
-#endif
-
-/* --- activations --------------------------------------------------------------------------- */
-
-/* n_rows activation rows of K values as int16 values q, with one scale e per `group` values
- * (32 for the 32-value block types; 256 for the K-quants, whose products sum a whole block in
- * integers) and, for weights with a minimum, the float sum of each 32 values */
-typedef struct {
-    int16_t *q;          /* [n_rows][K] */
-    float *e;            /* [n_rows][K / group] */
-    float *sums;         /* [n_rows][K / 32] */
-    int64_t K, n_rows, group;
-} int16_rows;
-
-static inline float hmax(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#ifdef INT16_KERNELS
 
 /* n (a multiple of 32) floats to int16 rounded to nearest on one scale e = max|x| / 32767,
  * and the float sum of each 32 */
@@ -91,7 +55,7 @@ static inline void quantize_group(const float *x, int64_t n, int16_t *q, float *
     *e = amax / 32767.0f;
 }
 
-static void quantize_rows(const float *x, int64_t x_stride, int16_rows *a, int n_threads) {
+void pd_quantize_rows_int16(const float *x, int64_t x_stride, int16_rows *a, int n_threads) {
     const int64_t ne = a->K / a->group, ns = a->K / 32;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && a->n_rows >= 8)
     for (int64_t r = 0; r < a->n_rows; r++)
@@ -100,40 +64,22 @@ static void quantize_rows(const float *x, int64_t x_stride, int16_rows *a, int n
                            a->e + r * ne + j, a->sums + r * ns + j * (a->group / 32));
 }
 
-/* --- the 32-value block types -----------------------------------------------------------------
- * A block's values as signed bytes, its scale d and minimum m (0 without one). The group's
- * integer sum is scaled in float, d e sum q X + m sum x: the scales are float per 32 values. */
-
-#define VALUES(NAME) static inline __attribute__((always_inline)) __m256i NAME(const uint8_t *b)
-
-VALUES(v_q4_0) { return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)); }
-VALUES(v_q4_1) { return nibbles(b + 4); }
-VALUES(v_q5_0) {
-    __m256i v = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(16));
-}
-VALUES(v_q5_1) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
-VALUES(v_q8_0) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
+/* --- the 32-value block types (their VALUES in int16.h): a block's integer sum is scaled in
+ * float, d e sum q X + m sum x, since the scales are float per 32 values ---------------------- */
 
 /* Block b of one weight row times ROWS activation rows (a constant of each inlined copy, so
  * the sums stay in registers): the block is unpacked and widened once for every row */
 #define BLOCK32_PRODUCT(NAME, BYTES, VAL, MIN)                                                \
 static inline __attribute__((always_inline)) void NAME##_block(                              \
         const uint8_t *row, const int16_rows *a, int64_t r0, const int ROWS, int64_t b,     \
-        __m256 *acc, float *shift) {                                                        \
+        fvec *acc, float *shift) {                                                          \
     const int64_t nb = a->K / QK;                                                           \
     const uint8_t *block = row + b * (BYTES);                                               \
     const float d = f16(block);                                                             \
-    __m256i q = VAL(block);                                                                 \
-    __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));                           \
-    __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));                      \
+    const w32 w = w32_i8(VAL(block));                                                       \
     for (int r = 0; r < ROWS; r++) {                                                        \
-        const int16_t *x = a->q + (r0 + r) * a->K + QK * b;                                 \
-        __m256i x0 = _mm256_loadu_si256((const __m256i *)x);                                \
-        __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 16));                         \
-        __m256i p = MADD16(MADD16(_mm256_setzero_si256(), w0, x0), w1, x1);                 \
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                                     \
-                                 _mm256_set1_ps(d * a->e[(r0 + r) * nb + b]), acc[r]);      \
+        ivec p = w32_madd(iv_zero(), w, a->q + (r0 + r) * a->K + QK * b);                   \
+        acc[r] = fv_scale_add(p, d * a->e[(r0 + r) * nb + b], acc[r]);                      \
         if (MIN) shift[r] = fmaf(f16(block + 2), a->sums[(r0 + r) * nb + b], shift[r]);     \
     }                                                                                       \
 }                                                                                           \
@@ -144,10 +90,10 @@ static inline __attribute__((always_inline)) void NAME##_tile(                  
         const uint8_t *row, const int16_rows *a, int64_t r0, const int ROWS, float *y,      \
         int64_t y_stride) {                                                                 \
     const int64_t nb = a->K / QK;                                                           \
-    __m256 acc[2][4];                                                                       \
+    fvec acc[2][4];                                                                         \
     float shift[2][4];                                                                      \
     for (int r = 0; r < ROWS; r++)                                                          \
-        acc[0][r] = acc[1][r] = _mm256_setzero_ps(), shift[0][r] = shift[1][r] = 0.0f;      \
+        acc[0][r] = acc[1][r] = fv_zero(), shift[0][r] = shift[1][r] = 0.0f;                \
     int64_t b = 0;                                                                          \
     for (; b + 2 <= nb; b += 2) {                                                           \
         NAME##_block(row, a, r0, ROWS, b, acc[0], shift[0]);                                \
@@ -155,88 +101,11 @@ static inline __attribute__((always_inline)) void NAME##_tile(                  
     }                                                                                       \
     if (b < nb) NAME##_block(row, a, r0, ROWS, b, acc[0], shift[0]);                        \
     for (int r = 0; r < ROWS; r++)                                                          \
-        y[(r0 + r) * y_stride] = hsum8(_mm256_add_ps(acc[0][r], acc[1][r]))                 \
+        y[(r0 + r) * y_stride] = fv_total(acc[0][r]) + fv_total(acc[1][r])                  \
                                  + (shift[0][r] + shift[1][r]);                             \
 }
 
-/* --- the K-quants -------------------------------------------------------------------------------
- * Their sub-block scales are small integers (6 bits; 8 for Q6_K) under one float per 256
- * values, and the activations have one scale per 256 values too, so a block's products sum in
- * integers: each sub-block's int16 weights are multiplied by its scale first (at most 15 * 63,
- * 31 * 63 and 32 * 128: all int16), and one float multiply-add per 256 values (per 128 for
- * Q6_K) applies d e. No lane of the int32 sums can overflow: at most 32 products of
- * 945 * 32767 (Q4_K) or 1953 * 32767 (Q5_K) per 256 values, 16 of 4096 * 32767 (Q6_K) per 128,
- * all below 2^31. The minimum's term, sum_g m_g sum x_g, is one float multiply-add per block. */
-
-typedef struct {
-    __m256i scales;      /* Q4_K, Q5_K: the 8 sub-block scales as int16, in both halves */
-    __m256 mins;         /* Q4_K, Q5_K: -dmin m_g for the 8 groups' activation sums */
-    float d;
-} k_scales;
-
-/* Q4_K and Q5_K: 12 bytes hold 8 six-bit scales and 8 minimums (see scale_min_k4); four at
- * a time from three 32-bit words */
-static inline __attribute__((always_inline)) k_scales scales_k4(const uint8_t *b) {
-    uint32_t u[3];
-    memcpy(u, b + 4, 12);
-    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x30303030;
-    uint64_t sc = (uint64_t)((u[2] & low4) | ((u[0] >> 2) & top2)) << 32 | (u[0] & low6);
-    uint64_t mn = (uint64_t)(((u[2] >> 4) & low4) | ((u[1] >> 2) & top2)) << 32 | (u[1] & low6);
-    k_scales k;
-    k.scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
-    k.mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
-                           _mm256_set1_ps(-f16(b + 2)));
-    k.d = f16(b);
-    return k;
-}
-
-static inline __attribute__((always_inline)) k_scales scales_q6_k(const uint8_t *b) {
-    k_scales k;                          /* w_q6_k reads its int8 scales from the block */
-    k.scales = _mm256_setzero_si256();
-    k.mins = _mm256_setzero_ps();
-    k.d = f16(b + 208);
-    return k;
-}
-
-/* scale s of the 8 in both halves of `scales` (Q4_K, Q5_K), in all 16 int16 lanes */
-static inline __attribute__((always_inline)) __m256i scale_k4(__m256i scales, int s) {
-    return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 * (2 * s + 1) + 2 * s)));
-}
-
-/* group g (32 values) of a block as two vectors of 16 int16 weights, times their scales */
-#define K_WEIGHTS(NAME) static inline __attribute__((always_inline)) void NAME(              \
-    const uint8_t *b, __m256i scales, int g, __m256i *w0, __m256i *w1)
-
-K_WEIGHTS(w_q4_k) {
-    __m256i q = q4_k_values(b, g), s = scale_k4(scales, g);
-    *w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), s);
-    *w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), s);
-}
-
-K_WEIGHTS(w_q5_k) {
-    __m256i q = q5_k_values(b, g), s = scale_k4(scales, g);
-    *w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), s);
-    *w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), s);
-}
-
-/* group g of a Q6_K block: half n = g / 4, quarter q = g % 4 of that half; its first 16
- * values have scale 8 n + 2 q, the next 16 the one after */
-K_WEIGHTS(w_q6_k) {
-    int n = g >> 2, q = g & 3;
-    __m256i low = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32 * (q & 1)));
-    if (q >> 1) low = _mm256_srli_epi16(low, 4);
-    low = _mm256_and_si256(low, _mm256_set1_epi8(0xF));
-    __m256i high = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
-    high = _mm256_and_si256(_mm256_srli_epi16(high, 2 * q), _mm256_set1_epi8(3));
-    __m256i v = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
-                                _mm256_set1_epi8(32));
-    const int8_t *sc = (const int8_t *)(b + 192 + 8 * n + 2 * q);
-    (void)scales;
-    *w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
-                             _mm256_set1_epi16(sc[0]));
-    *w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
-                             _mm256_set1_epi16(sc[1]));
-}
+/* --- the K-quants (see int16.h): a block's products sum in integers ------------------------- */
 
 /* FLUSH: the groups whose integer sums may add before they are scaled in float (8, or 4 for
  * Q6_K); MIN: the type has minimums */
@@ -248,33 +117,27 @@ static inline __attribute__((always_inline)) void NAME##_tile(                  
      * so it does not wait on their latency; four rows are four chains already */           \
     const int CHAINS = ROWS == 1 ? 4 : 1;                                                   \
     const int64_t nb = a->K / QK_K;                                                         \
-    __m256 acc[4], shift[4];                                                                \
-    for (int r = 0; r < ROWS; r++) acc[r] = shift[r] = _mm256_setzero_ps();                 \
+    fvec acc[4];                                                                            \
+    __m256 shift[4];                                                                        \
+    for (int r = 0; r < ROWS; r++) acc[r] = fv_zero(), shift[r] = _mm256_setzero_ps();      \
     for (int64_t b = 0; b < nb; b++) {                                                      \
         const uint8_t *block = row + b * (BYTES);                                           \
         const k_scales k = SCALES(block);                                                   \
         _Pragma("GCC unroll 2")                                                             \
         for (int g0 = 0; g0 < 8; g0 += (FLUSH)) {                                           \
-            __m256i sum[4][4];                                                              \
+            ivec sum[4][4];                                                                 \
             for (int r = 0; r < ROWS; r++)                                                  \
-                for (int c = 0; c < CHAINS; c++) sum[r][c] = _mm256_setzero_si256();        \
+                for (int c = 0; c < CHAINS; c++) sum[r][c] = iv_zero();                     \
             _Pragma("GCC unroll 8")                                                         \
             for (int g = g0; g < g0 + (FLUSH); g++) {                                       \
-                __m256i w0, w1;                                                             \
-                WEIGHTS(block, k.scales, g, &w0, &w1);                                      \
-                const int c0 = (2 * g) % CHAINS, c1 = (2 * g + 1) % CHAINS;                 \
-                for (int r = 0; r < ROWS; r++) {                                            \
-                    const int16_t *x = a->q + (r0 + r) * a->K + QK_K * b + 32 * g;          \
-                    sum[r][c0] = MADD16(sum[r][c0], w0, _mm256_loadu_si256((const __m256i *)x)); \
-                    sum[r][c1] = MADD16(sum[r][c1], w1,                                     \
-                                        _mm256_loadu_si256((const __m256i *)(x + 16)));     \
-                }                                                                           \
+                const w32 w = WEIGHTS(block, k.scales, g);                                  \
+                const int c = g % CHAINS;                                                   \
+                for (int r = 0; r < ROWS; r++)                                              \
+                    sum[r][c] = w32_madd(sum[r][c], w, a->q + (r0 + r) * a->K + QK_K * b + 32 * g); \
             }                                                                               \
             for (int r = 0; r < ROWS; r++) {                                                \
-                for (int c = 1; c < CHAINS; c++)                                            \
-                    sum[r][0] = _mm256_add_epi32(sum[r][0], sum[r][c]);                     \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][0]),                     \
-                                         _mm256_set1_ps(k.d * a->e[(r0 + r) * nb + b]), acc[r]); \
+                for (int c = 1; c < CHAINS; c++) sum[r][0] = iv_add32(sum[r][0], sum[r][c]); \
+                acc[r] = fv_scale_add(sum[r][0], k.d * a->e[(r0 + r) * nb + b], acc[r]);    \
             }                                                                               \
         }                                                                                   \
         if (MIN)                                                                            \
@@ -284,7 +147,7 @@ static inline __attribute__((always_inline)) void NAME##_tile(                  
                                            shift[r]);                                       \
     }                                                                                       \
     for (int r = 0; r < ROWS; r++)                                                          \
-        y[(r0 + r) * y_stride] = hsum8(acc[r]) + (MIN ? hsum8(shift[r]) : 0.0f);            \
+        y[(r0 + r) * y_stride] = fv_total(acc[r]) + (MIN ? hsum8(shift[r]) : 0.0f);         \
 }
 
 /* the rows of a product: four activation rows at a time, then one */
@@ -346,9 +209,12 @@ int pd_int16_product_of(int type) {
 #endif
 }
 
+/* from this many activation rows on, the K-quants multiply through int_gemm.c */
+#define GEMM_ROWS 8
+
 /* y[r, i] = sum_k W[i, k] x[r, k] with x quantized to int16 groups (see the top of the file).
- * Returns 0, or 1 where the type has no integer kernel here, or 2 when the activations'
- * memory could not be had (nothing written either way). */
+ * Returns 0, or 1 where the type has no integer kernel here, or 2 when the scratch memory
+ * could not be had (nothing written either way). */
 int pd_mul_mat_int16(int type, const uint8_t *w, int64_t w_stride, int64_t M, int64_t K,
                      const float *x, int64_t x_stride, int64_t n_rows,
                      float *y, int64_t y_stride, int n_threads) {
@@ -360,15 +226,20 @@ int pd_mul_mat_int16(int type, const uint8_t *w, int64_t w_stride, int64_t M, in
                     malloc(sizeof(float) * n_rows * (K / QK)), K, n_rows, group};
     int status = 2;
     if (a.q && a.e && a.sums) {
-        quantize_rows(x, x_stride, &a, n_threads);
-        const int64_t chunk = 16;
-        int64_t n_chunks = (M + chunk - 1) / chunk;
+        pd_quantize_rows_int16(x, x_stride, &a, n_threads);
+        /* many rows: the GEMM unpacks each weight block once for all of them */
+        status = n_rows >= GEMM_ROWS ? pd_gemm_int16(type, w, w_stride, M, &a, y, y_stride,
+                                                     n_threads) : 1;
+        if (status == 1) {
+            const int64_t chunk = 16;
+            int64_t n_chunks = (M + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
-        for (int64_t c = 0; c < n_chunks; c++) {
-            int64_t i1 = (c + 1) * chunk < M ? (c + 1) * chunk : M;
-            kernel(w, w_stride, c * chunk, i1, &a, y, y_stride);
+            for (int64_t c = 0; c < n_chunks; c++) {
+                int64_t i1 = (c + 1) * chunk < M ? (c + 1) * chunk : M;
+                kernel(w, w_stride, c * chunk, i1, &a, y, y_stride);
+            }
+            status = 0;
         }
-        status = 0;
     }
     free(a.q);
     free(a.e);
