@@ -314,6 +314,56 @@ def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
     assert_close(out, ref, 1e-9)
 
 
+PROMPT_CASES = [  # n_seq, n_head, n_head_kv, n_q, n_kv, D, Dv
+    (1, 8, 2, 40, 200, 64, 64),      # grouped queries; cells not a whole number of blocks
+    (2, 4, 4, 9, 70, 80, 80),        # two sequences, a head size of 80
+    (1, 32, 4, 33, 100, 128, 128),   # eight heads per KV head: four queries a tile
+    (1, 4, 1, 12, 65, 16, 24),       # one KV head, Dv != D and not a multiple of 16
+]
+
+
+@pytest.mark.parametrize("case", PROMPT_CASES, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (8.0, 0.0, True),
+                                                    (0.0, 20.0, False)])
+def test_prompt_attention_over_f16_cache(cpu, rng, case, max_bias, softcap, sinks):
+    """The compiled FLASH_ATTN_EXT of many queries (the blocked kernel): a causal mask with
+    padding rows, cells no query sees, a query that sees nothing, ALiBi, softcap and sinks,
+    against float64."""
+    from test_ops_attention import _attention_ref, _causal_mask
+
+    n_seq, n_head, n_head_kv, n_q, n_kv, dk, dv = case
+    q = f32(rng, (n_seq, n_head, n_q, dk), -3, 3)
+    k = f32(rng, (n_seq, n_head_kv, n_kv, dk), -3, 3).astype(np.float16)
+    v = f32(rng, (n_seq, n_head_kv, n_kv, dv)).astype(np.float16)
+    mask = _causal_mask(rng, n_q, n_kv, n_pad=2)
+    mask[..., :3] = -np.inf                               # cells no query sees
+    mask[..., n_q // 2, :] = -np.inf                      # a query that sees nothing
+    s = f32(rng, (n_head,), -2, 2)
+
+    def build(ctx, a, b, c, m, sk):
+        t = ops.flash_attn_ext(ctx, a, b, c, m, 0.3, max_bias, softcap)
+        if sinks:
+            ops.flash_attn_ext_add_sinks(t, sk)
+        return t
+    out = compute(cpu, build, q, k, v, mask, s)
+    ref = _attention_ref(*(x.astype(np.float64) for x in (q, k, v)), mask, 0.3, max_bias,
+                         softcap, s.astype(np.float64) if sinks else None)
+    if not sinks:
+        assert np.all(out[:, n_q // 2] == 0)
+    assert_close(out, ref, 1e-9)
+
+
+def test_prompt_attention_carries_nan(cpu, rng):
+    """A NaN among the keys reaches the outputs of the queries that see it, never hidden."""
+    q = f32(rng, (1, 4, 16, 64))
+    k = f32(rng, (1, 4, 80, 64)).astype(np.float16)
+    v = f32(rng, (1, 4, 80, 64)).astype(np.float16)
+    k[0, 1, 70, 5] = np.nan
+    out = compute(cpu, lambda ctx, a, b, c: ops.flash_attn_ext(ctx, a, b, c, None, 0.125),
+                  q, k, v)
+    assert np.all(np.isnan(out[0, :, 1])) and np.all(np.isfinite(np.delete(out[0], 1, axis=1)))
+
+
 def test_openmp_spins_briefly_unless_the_user_says_otherwise(monkeypatch):
     """libgomp reads GOMP_SPINCOUNT as it loads with the kernels: SPIN_COUNT then, a user's
     OMP_WAIT_POLICY or GOMP_SPINCOUNT instead, and the environment is left as it was."""

@@ -1,10 +1,12 @@
-"""FLASH_ATTN_EXT for a few queries over an fp16 KV cache, in the compiled kernels.
+"""FLASH_ATTN_EXT over an fp16 KV cache, in the compiled kernels (native/attention.c).
 
 A decode step's attention is a few small products per head: as numpy calls it costs far more
 in calls and fp16 conversions than in arithmetic. The compiled kernel runs ggml's online
 softmax per (sequence, query, head), reading K and V as fp16 and skipping the cells the mask
-hides, as ggml's CPU kernel does. Batches of many queries (a prompt) keep the array kernel,
-whose batched BLAS products are faster there.
+hides, as ggml's CPU kernel does. Many queries (a prompt) take its blocked form: tiles of
+queries times blocks of cells converted to float32 once, multiplied in registers, blocks the
+mask hides skipped whole; the array kernel's batched BLAS products computed every cell, and
+materialized the scores of a long prompt (512 x 4096 x heads floats).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from polydev.types import GGMLType
 from .native import kernels, pack
 
 F16, F32 = GGMLType.F16, GGMLType.F32
-MAX_QUERIES = 8     # queries per sequence up to which the compiled kernel runs
 
 
 def native_flash_attn_ok(node: Tensor) -> bool:
@@ -28,7 +29,7 @@ def native_flash_attn_ok(node: Tensor) -> bool:
     mask = node.src[3] if len(node.src) > 3 else None
     sinks = node.src[4] if len(node.src) > 4 else None
     return (kernels() is not None and q.type == F32 and k.type == F16 and v.type == F16
-            and node.type == F32 and q.ne[1] <= MAX_QUERIES and node.is_contiguous()
+            and node.type == F32 and node.is_contiguous()
             and q.nb[0] == 4 and k.nb[0] == 2 and v.nb[0] == 2
             and (mask is None or mask.type == F16)
             and (sinks is None or (sinks.type == F32 and sinks.is_contiguous())))

@@ -19,6 +19,9 @@
 enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 
+/* the packed entry points' arguments: pointer i of the int64 array a */
+#define P_PTR(i) ((const uint8_t *)(intptr_t)a[i])
+
 static inline float f16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -49,6 +52,14 @@ static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m
 }
 
 #if defined(__AVX2__)
+/* the sum of v's 8 floats */
+static inline __attribute__((always_inline)) float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 /* 16 bytes of nibbles: the low nibbles (elements 0-15) then the high ones (16-31) */
 static inline __attribute__((always_inline)) __m256i nibbles(const uint8_t *qs) {
     __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0xF);

@@ -75,12 +75,6 @@ static inline fvec fv_scale_add(ivec sums, float s, fvec acc) {
 static inline fvec fv_fma8(__m256 a, __m256 b, fvec acc) { return _mm256_fmadd_ps(a, b, acc); }
 #endif
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 #if IVEC == 16
 static inline float fv_total(fvec v) { return hsum8(v); }
 #endif

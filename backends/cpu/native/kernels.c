@@ -360,12 +360,6 @@ static inline __attribute__((always_inline)) void g_q6_k(const uint8_t *b, int g
     w[3] = _mm256_mul_ps(hi, w[3]);
 }
 
-static inline __attribute__((always_inline)) float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* AVX_ONE_ROW: with one activation row (a decode step) the products keep their sums in
  * named registers. The loops over up to MAX_ROWS rows index their accumulators at run time,
@@ -394,7 +388,7 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int
                         acc[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xg + 8 * k), acc[k]); \
                 }                                                                           \
             }                                                                               \
-            y[i] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),                        \
+            y[i] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),                        \
                                       _mm256_add_ps(acc[2], acc[3])));                      \
         }                                                                                   \
         return;                                                                             \
@@ -419,7 +413,7 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int
                 }                                                                           \
             }                                                                               \
             for (int64_t r = 0; r < nr; r++)                                                \
-                y[(r0 + r) * y_stride + i] = hsum(_mm256_add_ps(                            \
+                y[(r0 + r) * y_stride + i] = hsum8(_mm256_add_ps(                            \
                     _mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]))); \
         }                                                                                   \
     }                                                                                       \
@@ -455,7 +449,7 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int
                     if (HAS_MIN) shift = fmaf(m, sums[group], shift);                       \
                 }                                                                           \
             }                                                                               \
-            y[i] = hsum(acc) + shift;                                                       \
+            y[i] = hsum8(acc) + shift;                                                       \
         }                                                                                   \
         return;                                                                             \
     }                                                                                       \
@@ -485,7 +479,7 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t i0, int64_t i1, int
                 }                                                                           \
             }                                                                               \
             for (int64_t r = 0; r < nr; r++)                                                \
-                y[(r0 + r) * y_stride + i] = hsum(acc[r]) + shift[r];                       \
+                y[(r0 + r) * y_stride + i] = hsum8(acc[r]) + shift[r];                       \
         }                                                                                   \
     }                                                                                       \
 }
@@ -650,93 +644,6 @@ void pd_f16_to_f32(const uint8_t *src, int64_t n0, int64_t n1, int64_t s1, int64
             }
 }
 
-static inline float f16_dot(const float *q, const uint8_t *k, int64_t n) {
-    int64_t j = 0;
-    float sum = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; j + 8 <= n; j += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j),
-                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * j))), acc);
-    sum = hsum(acc);
-#endif
-    for (; j < n; j++) sum += q[j] * f16(k + 2 * j);
-    return sum;
-}
-
-static inline void f16_axpy(float *y, const uint8_t *v, float a, int64_t n) {
-    int64_t j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 va = _mm256_set1_ps(a);
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 2 * j))), va,
-            _mm256_loadu_ps(y + j)));
-#endif
-    for (; j < n; j++) y[j] += a * f16(v + 2 * j);
-}
-
-#define FA_THREAD_WORK (1 << 16)     /* multiply-adds from which attention runs threaded */
-
-/* FLASH_ATTN_EXT with fp16 K and V for a few queries: ggml's online softmax per (sequence,
- * query, head) over the cells [lo, hi), skipping cells the mask sets to -inf as ggml does.
- * Strides are in bytes; q[s][i][h] (D floats), k/v[s][h_kv][cell] (D / Dv halves),
- * mask[s % m3][h % m2][i][cell] (halves, or NULL), out[s][i][h] (Dv floats, contiguous).
- * slopes (ALiBi, per head) and sinks (per head) may be NULL. */
-void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
-                       const uint8_t *k, int64_t k1, int64_t k2, int64_t k3,
-                       const uint8_t *v, int64_t v1, int64_t v2, int64_t v3,
-                       const uint8_t *mask, int64_t m1, int64_t m2s, int64_t m3s,
-                       int64_t m2, int64_t m3, float *out, int64_t D, int64_t Dv,
-                       int64_t n_q, int64_t n_head, int64_t n_head_kv, int64_t n_seq,
-                       int64_t lo, int64_t hi, float scale, float softcap,
-                       const float *slopes, const float *sinks, int n_threads) {
-    int64_t group = n_head / n_head_kv, n_work = n_seq * n_q * n_head;
-    /* threads pay off once the products outweigh waking them (a few µs): a decode step's few
-     * heads over a hundred cells already do */
-    int parallel = n_threads > 1 && n_work > 1 && n_work * (hi - lo) * (D + Dv) >= FA_THREAD_WORK;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (parallel)
-    for (int64_t w = 0; w < n_work; w++) {
-        int64_t h = w % n_head, i = (w / n_head) % n_q, s = w / (n_head * n_q);
-        const float *qv = (const float *)(q + s * q3 + h * q2 + i * q1);
-        const uint8_t *kh = k + s * k3 + (h / group) * k2, *vh = v + s * v3 + (h / group) * v2;
-        const uint8_t *mrow = mask ? mask + (s % m3) * m3s + (h % m2) * m2s + i * m1 : 0;
-        float *acc = out + ((s * n_q + i) * n_head + h) * Dv;
-        float slope = slopes ? slopes[h] : 1.0f, M = -INFINITY, S = 0.0f;
-        for (int64_t j = 0; j < Dv; j++) acc[j] = 0.0f;
-        for (int64_t c = lo; c < hi; c++) {
-            float mv = mrow ? slope * f16(mrow + 2 * c) : 0.0f;
-            if (mv == -INFINITY) continue;
-            float x = f16_dot(qv, kh + c * k1, D) * scale;
-            if (softcap != 0.0f) x = softcap * tanhf(x);
-            x += mv;
-            float vs = 1.0f;
-            if (x > M) {
-                float ms = expf(M - x);
-                for (int64_t j = 0; j < Dv; j++) acc[j] *= ms;
-                S *= ms;
-                M = x;
-            } else {
-                vs = expf(x - M);
-            }
-            f16_axpy(acc, vh + c * v1, vs, Dv);
-            S += vs;
-        }
-        if (sinks) {
-            float x = sinks[h], ms = 1.0f, vs = 1.0f;
-            if (x > M) {
-                ms = expf(M - x);
-                for (int64_t j = 0; j < Dv; j++) acc[j] *= ms;
-            } else {
-                vs = expf(x - M);
-            }
-            S = S * ms + vs;
-        }
-        float inv = S == 0.0f ? 0.0f : 1.0f / S;
-        for (int64_t j = 0; j < Dv; j++) acc[j] *= inv;
-    }
-}
-
 /* ROPE of float32 rows in the normal (pairs 2p, 2p+1) or NeoX (pairs p, p + half) mode, from
  * angles computed once per step: cos/sin[i2 * half + p] for token i2. The same float32
  * operations as the array kernel (x0 cos - x1 sin, x0 sin + x1 cos, nothing fused), so the
@@ -836,20 +743,12 @@ int pd_set_rows_f32(const uint8_t *src, int64_t s1, int64_t s2, int64_t s3,
  * the integer arguments (pointers, strides, sizes, flags, in the unpacked function's order)
  * into one int64 array; a call then converts one pointer through ctypes instead of 11 to 30
  * arguments at about 0.3 µs each. Float arguments and per-step pointers stay separate. */
-#define P_PTR(i) ((const uint8_t *)(intptr_t)a[i])
 
 void pd_mul_mat_packed(const int64_t *a) {
     pd_mul_mat((int)a[0], P_PTR(1), a[2], a[3], a[4], (const float *)P_PTR(5), a[6], a[7],
                (float *)P_PTR(8), a[9], (int)a[10]);
 }
 
-void pd_flash_attn_f16_packed(const int64_t *a, float scale, float softcap) {
-    pd_flash_attn_f16(P_PTR(0), a[1], a[2], a[3], P_PTR(4), a[5], a[6], a[7],
-                      P_PTR(8), a[9], a[10], a[11], P_PTR(12), a[13], a[14], a[15], a[16], a[17],
-                      (float *)P_PTR(18), a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26],
-                      scale, softcap, (const float *)P_PTR(27), (const float *)P_PTR(28),
-                      (int)a[29]);
-}
 
 void pd_rope_f32_packed(const int64_t *a, const float *cos_t, const float *sin_t) {
     pd_rope_f32(P_PTR(0), a[1], a[2], a[3], (uint8_t *)P_PTR(4), a[5], a[6], a[7], a[8], a[9],

@@ -1,0 +1,433 @@
+/* FLASH_ATTN_EXT over an fp16 KV cache: ggml's online softmax, per query row for a decode
+ * step, and blocked for a prompt.
+ *
+ * A prompt's attention is two products per head, Q K^T and P V, with a softmax between; per
+ * row it would read every K and V cell once per query. The blocked kernel takes a tile of
+ * queries with every head that shares one KV head (about FA_ROWS rows), converts a block of
+ * FA_CELLS cells of K and V to float32 once for all of them, and multiplies in registers,
+ * keeping each row's running maximum, sum and output as the online softmax does. Cells the
+ * mask hides (-inf) are skipped a block at a time: a causal prompt computes about half of the
+ * products.
+ */
+#include "blocks.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static inline float f16_dot(const float *q, const uint8_t *k, int64_t n) {
+    int64_t j = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * j))), acc);
+    sum = hsum8(acc);
+#endif
+    for (; j < n; j++) sum += q[j] * f16(k + 2 * j);
+    return sum;
+}
+
+static inline void f16_axpy(float *y, const uint8_t *v, float a, int64_t n) {
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 2 * j))), va,
+            _mm256_loadu_ps(y + j)));
+#endif
+    for (; j < n; j++) y[j] += a * f16(v + 2 * j);
+}
+
+#define FA_THREAD_WORK (1 << 16)     /* multiply-adds from which attention runs threaded */
+
+/* FLASH_ATTN_EXT with fp16 K and V: ggml's online softmax per (sequence, query, head) over
+ * the cells [lo, hi), skipping cells the mask sets to -inf as ggml does. Many queries (a
+ * prompt) go to the blocked kernel below where the build has it.
+ * Strides are in bytes; q[s][i][h] (D floats), k/v[s][h_kv][cell] (D / Dv halves),
+ * mask[s % m3][h % m2][i][cell] (halves, or NULL), out[s][i][h] (Dv floats, contiguous).
+ * slopes (ALiBi, per head) and sinks (per head) may be NULL. */
+static void attend_by_rows(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
+                       const uint8_t *k, int64_t k1, int64_t k2, int64_t k3,
+                       const uint8_t *v, int64_t v1, int64_t v2, int64_t v3,
+                       const uint8_t *mask, int64_t m1, int64_t m2s, int64_t m3s,
+                       int64_t m2, int64_t m3, float *out, int64_t D, int64_t Dv,
+                       int64_t n_q, int64_t n_head, int64_t n_head_kv, int64_t n_seq,
+                       int64_t lo, int64_t hi, float scale, float softcap,
+                       const float *slopes, const float *sinks, int n_threads) {
+    int64_t group = n_head / n_head_kv, n_work = n_seq * n_q * n_head;
+    /* threads pay off once the products outweigh waking them (a few µs): a decode step's few
+     * heads over a hundred cells already do */
+    int parallel = n_threads > 1 && n_work > 1 && n_work * (hi - lo) * (D + Dv) >= FA_THREAD_WORK;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (parallel)
+    for (int64_t w = 0; w < n_work; w++) {
+        int64_t h = w % n_head, i = (w / n_head) % n_q, s = w / (n_head * n_q);
+        const float *qv = (const float *)(q + s * q3 + h * q2 + i * q1);
+        const uint8_t *kh = k + s * k3 + (h / group) * k2, *vh = v + s * v3 + (h / group) * v2;
+        const uint8_t *mrow = mask ? mask + (s % m3) * m3s + (h % m2) * m2s + i * m1 : 0;
+        float *acc = out + ((s * n_q + i) * n_head + h) * Dv;
+        float slope = slopes ? slopes[h] : 1.0f, M = -INFINITY, S = 0.0f;
+        for (int64_t j = 0; j < Dv; j++) acc[j] = 0.0f;
+        for (int64_t c = lo; c < hi; c++) {
+            float mv = mrow ? slope * f16(mrow + 2 * c) : 0.0f;
+            if (mv == -INFINITY) continue;
+            float x = f16_dot(qv, kh + c * k1, D) * scale;
+            if (softcap != 0.0f) x = softcap * tanhf(x);
+            x += mv;
+            float vs = 1.0f;
+            if (x > M) {
+                float ms = expf(M - x);
+                for (int64_t j = 0; j < Dv; j++) acc[j] *= ms;
+                S *= ms;
+                M = x;
+            } else {
+                vs = expf(x - M);
+            }
+            f16_axpy(acc, vh + c * v1, vs, Dv);
+            S += vs;
+        }
+        if (sinks) {
+            float x = sinks[h], ms = 1.0f, vs = 1.0f;
+            if (x > M) {
+                ms = expf(M - x);
+                for (int64_t j = 0; j < Dv; j++) acc[j] *= ms;
+            } else {
+                vs = expf(x - M);
+            }
+            S = S * ms + vs;
+        }
+        float inv = S == 0.0f ? 0.0f : 1.0f / S;
+        for (int64_t j = 0; j < Dv; j++) acc[j] *= inv;
+    }
+}
+
+
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define BLOCKED_ATTENTION 1
+#define FA_CELLS 64          /* KV cells converted and multiplied at a time */
+#define FA_ROWS 32           /* query rows per tile, about: queries x the heads of a KV head */
+#define FA_MIN_QUERIES 8     /* from this many queries the blocked kernel runs */
+
+/* FLASH_ATTN_EXT's operands, as pd_flash_attn_f16 takes them */
+typedef struct {
+    const uint8_t *q, *k, *v, *mask;
+    int64_t q1, q2, q3, k1, k2, k3, v1, v2, v3, m1, m2s, m3s, m2, m3;
+    float *out;
+    int64_t D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi;
+    float scale, softcap;
+    const float *slopes, *sinks;
+} fa_op;
+
+/* exp of 8 floats: Cody-Waite range reduction and Cephes' degree-7 polynomial (about 1 ulp);
+ * 0 below -87.3, where expf is subnormal; NaN stays NaN */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3365478515625f), hi = _mm256_set1_ps(88.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 c = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), c);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    return _mm256_blendv_ps(y, x, nan);
+}
+
+/* one thread's memory for a tile of `rows` rows */
+typedef struct {
+    float *Q;                /* [rows][D]: the tile's query rows */
+    float *Kt;               /* [D][FA_CELLS]: a block of K, transposed */
+    float *V;                /* [FA_CELLS][Dv]: a block of V */
+    float *S;                /* [rows][FA_CELLS]: scores, then their exp */
+    float *O;                /* [rows][Dv]: each row's output so far */
+    float *M, *L;            /* [rows]: each row's running maximum and sum */
+    int64_t *first, *last;   /* [rows]: the first and last cell the mask shows each row */
+    const uint8_t **mask;    /* [rows]: each row's mask row, or NULL */
+} fa_scratch;
+
+static size_t fa_scratch_bytes(int64_t rows, int64_t D, int64_t Dv) {
+    return sizeof(float) * (size_t)(rows * D + D * FA_CELLS + FA_CELLS * Dv + rows * FA_CELLS
+                                    + rows * Dv + 2 * rows)
+           + sizeof(int64_t) * 2 * rows + sizeof(void *) * rows;
+}
+
+static fa_scratch fa_scratch_at(void *mem, int64_t rows, int64_t D, int64_t Dv) {
+    fa_scratch t;
+    t.Q = mem;
+    t.Kt = t.Q + rows * D;
+    t.V = t.Kt + D * FA_CELLS;
+    t.S = t.V + FA_CELLS * Dv;
+    t.O = t.S + rows * FA_CELLS;
+    t.M = t.O + rows * Dv;
+    t.L = t.M + rows;
+    t.first = (int64_t *)(t.L + rows);
+    t.last = t.first + rows;
+    t.mask = (const uint8_t **)(t.last + rows);
+    return t;
+}
+
+/* S[r][0:FA_CELLS] = Q[r] . Kt for R rows (a constant of each inlined copy) */
+static inline __attribute__((always_inline)) void qk_rows(const float *Q, int64_t D,
+                                                          const float *Kt, float *S, const int R) {
+    for (int c0 = 0; c0 < FA_CELLS; c0 += 16) {
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            __m256 k0 = _mm256_loadu_ps(Kt + d * FA_CELLS + c0);
+            __m256 k1 = _mm256_loadu_ps(Kt + d * FA_CELLS + c0 + 8);
+            for (int r = 0; r < R; r++) {
+                __m256 q = _mm256_broadcast_ss(Q + r * D + d);
+                acc[r][0] = _mm256_fmadd_ps(q, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(q, k1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(S + r * FA_CELLS + c0, acc[r][0]);
+            _mm256_storeu_ps(S + r * FA_CELLS + c0 + 8, acc[r][1]);
+        }
+    }
+}
+
+/* O[r] += sum_c P[r][c] V[c] over n cells, for R rows */
+static inline __attribute__((always_inline)) void pv_rows(const float *P, const float *V,
+                                                          int64_t n, int64_t Dv, float *O,
+                                                          const int R) {
+    int64_t j0 = 0;
+    for (; j0 + 16 <= Dv; j0 += 16) {
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) {
+            acc[r][0] = _mm256_loadu_ps(O + r * Dv + j0);
+            acc[r][1] = _mm256_loadu_ps(O + r * Dv + j0 + 8);
+        }
+        for (int64_t c = 0; c < n; c++) {
+            __m256 v0 = _mm256_loadu_ps(V + c * Dv + j0), v1 = _mm256_loadu_ps(V + c * Dv + j0 + 8);
+            for (int r = 0; r < R; r++) {
+                __m256 p = _mm256_broadcast_ss(P + r * FA_CELLS + c);
+                acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(O + r * Dv + j0, acc[r][0]);
+            _mm256_storeu_ps(O + r * Dv + j0 + 8, acc[r][1]);
+        }
+    }
+    for (; j0 < Dv; j0++)
+        for (int r = 0; r < R; r++) {
+            float sum = O[r * Dv + j0];
+            for (int64_t c = 0; c < n; c++) sum += P[r * FA_CELLS + c] * V[c * Dv + j0];
+            O[r * Dv + j0] = sum;
+        }
+}
+
+/* the cells [first, last] of a mask row that are not -inf within [lo, hi); first > last when
+ * it hides them all */
+static void visible_cells(const uint8_t *mrow, int64_t lo, int64_t hi, int64_t *first,
+                          int64_t *last) {
+    const uint16_t *m = (const uint16_t *)mrow, hidden = 0xFC00;     /* fp16 -inf */
+    int64_t a = lo, b = hi - 1;
+    while (a < hi && m[a] == hidden) a++;
+    while (b >= a && m[b] == hidden) b--;
+    *first = a;
+    *last = b;
+}
+
+/* the tile's rows: their queries, mask rows and visible cells; returns the cells to visit */
+static void tile_rows(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_t nq,
+                      fa_scratch *t, int64_t *lo, int64_t *hi) {
+    const int64_t G = op->n_head / op->n_head_kv;
+    *lo = op->hi;
+    *hi = op->lo;
+    for (int64_t qi = 0; qi < nq; qi++)
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t row = qi * G + g, i = i0 + qi, h = hk * G + g;
+            const float *qv = (const float *)(op->q + s * op->q3 + h * op->q2 + i * op->q1);
+            memcpy(t->Q + row * op->D, qv, sizeof(float) * op->D);
+            t->M[row] = -INFINITY;
+            t->L[row] = 0.0f;
+            memset(t->O + row * op->Dv, 0, sizeof(float) * op->Dv);
+            t->first[row] = op->lo;
+            t->last[row] = op->hi - 1;
+            t->mask[row] = op->mask ? op->mask + (s % op->m3) * op->m3s + (h % op->m2) * op->m2s
+                                      + i * op->m1 : 0;
+            if (t->mask[row]) {
+                if (g > 0 && op->m2 == 1) {          /* the heads share the query's mask row */
+                    t->first[row] = t->first[row - 1];
+                    t->last[row] = t->last[row - 1];
+                } else {
+                    visible_cells(t->mask[row], op->lo, op->hi, t->first + row, t->last + row);
+                }
+            }
+            if (t->first[row] < *lo) *lo = t->first[row];
+            if (t->last[row] + 1 > *hi) *hi = t->last[row] + 1;
+        }
+}
+
+/* K and V cells [c0, c0 + n) of KV head hk to float32: K transposed, the unused columns 0 */
+static void load_block(const fa_op *op, int64_t s, int64_t hk, int64_t c0, int64_t n,
+                       fa_scratch *t) {
+    const uint8_t *kh = op->k + s * op->k3 + hk * op->k2, *vh = op->v + s * op->v3 + hk * op->v2;
+    for (int64_t c = 0; c < n; c++) {
+        const uint8_t *kc = kh + (c0 + c) * op->k1;
+        int64_t d = 0;
+        for (; d + 8 <= op->D; d += 8) {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kc + 2 * d))));
+            for (int j = 0; j < 8; j++) t->Kt[(d + j) * FA_CELLS + c] = tmp[j];
+        }
+        for (; d < op->D; d++) t->Kt[d * FA_CELLS + c] = f16(kc + 2 * d);
+        const uint8_t *vc = vh + (c0 + c) * op->v1;
+        d = 0;
+        for (; d + 8 <= op->Dv; d += 8)
+            _mm256_storeu_ps(t->V + c * op->Dv + d,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vc + 2 * d))));
+        for (; d < op->Dv; d++) t->V[c * op->Dv + d] = f16(vc + 2 * d);
+    }
+    if (n < FA_CELLS)
+        for (int64_t d = 0; d < op->D; d++)
+            memset(t->Kt + d * FA_CELLS + n, 0, sizeof(float) * (FA_CELLS - n));
+}
+
+/* row `row`'s scores of cells [c0, c0 + n) to exp(score - new maximum), with its running
+ * maximum, sum and output rescaled; all 0 where the row sees none of these cells */
+static void softmax_block(const fa_op *op, fa_scratch *t, int64_t row, int64_t h, int64_t c0,
+                          int64_t n) {
+    float *x = t->S + row * FA_CELLS;
+    const float slope = op->slopes ? op->slopes[h] : 1.0f;
+    const uint8_t *mrow = t->mask[row];
+    float m_block = -INFINITY;
+    for (int64_t c = 0; c < n; c++) {
+        const int64_t cell = c0 + c;
+        float v = x[c] * op->scale;
+        if (op->softcap != 0.0f) v = op->softcap * tanhf(v);
+        if (cell < t->first[row] || cell > t->last[row]) v = -INFINITY;
+        else if (mrow) v += slope * f16(mrow + 2 * cell);
+        x[c] = v;
+        if (v != v) m_block = v;                           /* NaN stays NaN */
+        else if (v > m_block) m_block = v;
+    }
+    if (m_block == -INFINITY) {
+        memset(x, 0, sizeof(float) * FA_CELLS);
+        return;
+    }
+    const float m_new = t->M[row] > m_block ? t->M[row] : m_block;    /* NaN: m_block */
+    const float alpha = t->M[row] == -INFINITY ? 0.0f : expf(t->M[row] - m_new);
+    __m256 sum = _mm256_setzero_ps(), mv = _mm256_set1_ps(m_new);
+    for (int64_t c = 0; c < FA_CELLS; c += 8) {
+        __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c), mv));
+        if (c + 8 > n) {                                   /* the cells past the block: 0 */
+            __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)c),
+                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            p = _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32((int)n), idx)));
+        }
+        _mm256_storeu_ps(x + c, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    t->L[row] = t->L[row] * alpha + hsum8(sum);
+    if (alpha != 1.0f)
+        for (int64_t j = 0; j < op->Dv; j++) t->O[row * op->Dv + j] *= alpha;
+    t->M[row] = m_new;
+}
+
+/* queries [i0, i0 + nq) of sequence s with the heads of KV head hk */
+static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_t nq,
+                        fa_scratch *t) {
+    const int64_t G = op->n_head / op->n_head_kv, rows = nq * G;
+    int64_t lo, hi;
+    tile_rows(op, s, hk, i0, nq, t, &lo, &hi);
+    for (int64_t c0 = lo; c0 < hi; c0 += FA_CELLS) {
+        const int64_t n = hi - c0 < FA_CELLS ? hi - c0 : FA_CELLS;
+        load_block(op, s, hk, c0, n, t);
+        int64_t r = 0;
+        for (; r + 4 <= rows; r += 4) qk_rows(t->Q + r * op->D, op->D, t->Kt, t->S + r * FA_CELLS, 4);
+        for (; r < rows; r++) qk_rows(t->Q + r * op->D, op->D, t->Kt, t->S + r * FA_CELLS, 1);
+        for (r = 0; r < rows; r++) softmax_block(op, t, r, hk * G + r % G, c0, n);
+        for (r = 0; r + 4 <= rows; r += 4)
+            pv_rows(t->S + r * FA_CELLS, t->V, n, op->Dv, t->O + r * op->Dv, 4);
+        for (; r < rows; r++) pv_rows(t->S + r * FA_CELLS, t->V, n, op->Dv, t->O + r * op->Dv, 1);
+    }
+    for (int64_t r = 0; r < rows; r++) {                  /* the sink, then 1 / sum */
+        const int64_t h = hk * G + r % G, i = i0 + r / G;
+        float S = t->L[r], ms = 1.0f;
+        if (op->sinks) {
+            float x = op->sinks[h], M = t->M[r], vs = 1.0f;
+            if (x > M) ms = expf(M - x);
+            else vs = expf(x - M);
+            S = S * ms + vs;
+        }
+        const float f = S == 0.0f ? 0.0f : ms / S;
+        float *out = op->out + ((s * op->n_q + i) * op->n_head + h) * op->Dv;
+        for (int64_t j = 0; j < op->Dv; j++) out[j] = t->O[r * op->Dv + j] * f;
+    }
+}
+
+/* the blocked kernel; 0 where its memory could not be had (the caller then goes by rows) */
+static int attend_blocked(const fa_op *op, int n_threads) {
+    const int64_t G = op->n_head / op->n_head_kv;
+    const int64_t per_tile = G >= FA_ROWS ? 1 : FA_ROWS / G;          /* queries per tile */
+    const int64_t tiles_per_head = (op->n_q + per_tile - 1) / per_tile;
+    const int64_t n_tiles = op->n_seq * op->n_head_kv * tiles_per_head;
+#ifndef _OPENMP
+    n_threads = 1;
+#endif
+    const size_t bytes = fa_scratch_bytes(per_tile * G, op->D, op->Dv);
+    char *mem = malloc(bytes * n_threads);
+    if (!mem) return 0;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
+    for (int64_t w = 0; w < n_tiles; w++) {
+#ifdef _OPENMP
+        const int me = omp_get_thread_num();
+#else
+        const int me = 0;
+#endif
+        fa_scratch t = fa_scratch_at(mem + bytes * me, per_tile * G, op->D, op->Dv);
+        const int64_t part = w % tiles_per_head, hk = (w / tiles_per_head) % op->n_head_kv;
+        const int64_t s = w / (tiles_per_head * op->n_head_kv), i0 = part * per_tile;
+        const int64_t nq = op->n_q - i0 < per_tile ? op->n_q - i0 : per_tile;
+        attend_tile(op, s, hk, i0, nq, &t);
+    }
+    free(mem);
+    return 1;
+}
+#endif
+
+/* FLASH_ATTN_EXT with fp16 K and V (see attend_by_rows for the layout) */
+void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
+                       const uint8_t *k, int64_t k1, int64_t k2, int64_t k3,
+                       const uint8_t *v, int64_t v1, int64_t v2, int64_t v3,
+                       const uint8_t *mask, int64_t m1, int64_t m2s, int64_t m3s,
+                       int64_t m2, int64_t m3, float *out, int64_t D, int64_t Dv,
+                       int64_t n_q, int64_t n_head, int64_t n_head_kv, int64_t n_seq,
+                       int64_t lo, int64_t hi, float scale, float softcap,
+                       const float *slopes, const float *sinks, int n_threads) {
+#ifdef BLOCKED_ATTENTION
+    if (n_q >= FA_MIN_QUERIES) {
+        const fa_op op = {q, k, v, mask, q1, q2, q3, k1, k2, k3, v1, v2, v3, m1, m2s, m3s, m2, m3,
+                          out, D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi, scale, softcap,
+                          slopes, sinks};
+        if (attend_blocked(&op, n_threads)) return;
+    }
+#endif
+    attend_by_rows(q, q1, q2, q3, k, k1, k2, k3, v, v1, v2, v3, mask, m1, m2s, m3s, m2, m3, out,
+                   D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi, scale, softcap, slopes, sinks,
+                   n_threads);
+}
+
+void pd_flash_attn_f16_packed(const int64_t *a, float scale, float softcap) {
+    pd_flash_attn_f16(P_PTR(0), a[1], a[2], a[3], P_PTR(4), a[5], a[6], a[7],
+                      P_PTR(8), a[9], a[10], a[11], P_PTR(12), a[13], a[14], a[15], a[16], a[17],
+                      (float *)P_PTR(18), a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26],
+                      scale, softcap, (const float *)P_PTR(27), (const float *)P_PTR(28),
+                      (int)a[29]);
+}
