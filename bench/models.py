@@ -1,11 +1,13 @@
-"""Models on the CPU: polydev against llama.cpp, prompt (pp512) and generation (tg128).
+"""Models on the CPU: polydev against llama.cpp, prompts (pp512, pp4096) and generation (tg128).
 
 For SmolLM2-135M (Q4_1), gemma-3-270m (Q4_K_M) and, with ``--scale``, random-weight models of
-the 1B class (SCALE_MODELS: TinyLlama's widths in Q4_K, Q4_0 and Q6_K, qwen3 in Q8_0; written
+the 1B class (SCALE_MODELS: TinyLlama's widths in Q4_K, Q4_0, Q5_K and Q6_K, qwen3 in Q8_0, a
+qwen3 mixture of experts in Q4_K; written
 once with gguf.GGUFWriter, the K-quants by polydev's quantizer, into
 $POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
 own), one after the other for each model:
-- polydev t/s / llama.cpp t/s for pp512 and tg128 (target 1.0);
+- polydev t/s / llama.cpp t/s for pp512, pp4096 (one run: a 4096-token prompt in batches of
+  512, attention over up to 4096 cells) and tg128 (target 1.0);
 - polydev's peak RSS against llama.cpp's (target 1.0), and against the GGUF file plus the KV
   cache (target 1.5);
 - polydev's Python time per node of a replayed decode step: the step's time minus the time
@@ -36,7 +38,8 @@ from figures import leave_bench_dir, parse_args, print_figures, real_models  # b
 
 leave_bench_dir()        # bench/gguf.py would stand for the gguf package polydev.models uses
 
-N_PROMPT, N_GEN, N_CTX = 512, 128, 1024
+N_PROMPT, N_LONG, N_GEN = 512, 4096, 128
+N_CTX = N_LONG + 64
 
 
 # 1B-class shapes: TinyLlama's widths (8 of its 22 layers) and a qwen3 of the same class
@@ -44,11 +47,16 @@ TINYLLAMA = dict(arch="llama", n_layer=8, n_embd=2048, n_head=32, n_head_kv=4, n
                  n_vocab=49152)
 QWEN3 = dict(arch="qwen3", n_layer=6, n_embd=2048, n_head=16, n_head_kv=8, head_dim=128,
              n_ff=6144, n_vocab=49152)
+# a mixture of experts of Qwen3-30B-A3B's widths: 16 experts of 768, 2 used per token
+QWEN3_MOE = dict(arch="qwen3moe", n_layer=6, n_embd=2048, n_head=16, n_head_kv=4, head_dim=128,
+                 n_ff=768, n_expert=16, n_vocab=49152)
 SCALE_MODELS = {
     "llama 1B-class Q4_K": dict(TINYLLAMA, weight_type="Q4_K"),
     "llama 1B-class Q4_0": dict(TINYLLAMA, weight_type="Q4_0"),
+    "llama 1B-class Q5_K": dict(TINYLLAMA, weight_type="Q5_K"),
     "llama 1B-class Q6_K": dict(TINYLLAMA, weight_type="Q6_K"),
     "qwen3 1B-class Q8_0": dict(QWEN3, weight_type="Q8_0"),
+    "qwen3moe 1B-class Q4_K": dict(QWEN3_MOE, weight_type="Q4_K"),
 }
 
 
@@ -128,8 +136,12 @@ def polydev_child(path: str, reps: int) -> dict:
             model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))
             pp.append(N_PROMPT / (time.perf_counter() - start))
             tg.append(_generation_rate(model, rng))
+        model.reset()
+        start = time.perf_counter()
+        model.evaluator.eval(rng.integers(0, vocab, N_LONG))
+        pp_long = [N_LONG / (time.perf_counter() - start)]
         overhead = _overhead_per_node(model, rng)
-        return {"pp": pp, "tg": tg, "rss": _peak_rss(), "start_rss": start_rss,
+        return {"pp": pp, "pp_long": pp_long, "tg": tg, "rss": _peak_rss(), "start_rss": start_rss,
                 "loaded_rss": loaded_rss, "file": os.path.getsize(path),
                 "kv": model.kv.nbytes, **overhead}
 
@@ -244,8 +256,12 @@ def llama_cpp_child(path: str, reps: int) -> dict:
         for token in rng.integers(0, vocab, N_GEN):
             llm.eval([token])
         tg.append(N_GEN / (time.perf_counter() - start))
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(rng.integers(0, vocab, N_LONG))
+    pp_long = [N_LONG / (time.perf_counter() - start)]
     llm.close()
-    return {"pp": pp, "tg": tg, "rss": _peak_rss()}
+    return {"pp": pp, "pp_long": pp_long, "tg": tg, "rss": _peak_rss()}
 
 
 def _child(engine: str, path: str, reps: int, llama_cpp_dir: str | None = None) -> dict | str:
@@ -278,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(ours, str):
             print(f"polydev failed on {label}: {ours}", file=sys.stderr)
             return 1
-        for test, target in (("pp", 1.0), ("tg", 1.0)):
-            name = f"{label}: {test}{N_PROMPT if test == 'pp' else N_GEN} polydev / llama.cpp"
+        for test, size in (("pp", N_PROMPT), ("pp_long", N_LONG), ("tg", N_GEN)):
+            target = 1.0
+            name = f"{label}: {test[:2]}{size} polydev / llama.cpp"
             if isinstance(theirs, str):
                 figures.append({"name": name, "value": None, "unit": "ratio", "target": target,
                                 "better": "higher",

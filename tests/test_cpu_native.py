@@ -314,6 +314,64 @@ def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
     assert_close(out, ref, 1e-9)
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K],
+                         ids=str)
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
+@pytest.mark.parametrize("n_tokens", [1, 40])            # a decode step; a prompt's GEMMs
+def test_mul_mat_id_reads_the_experts_blocks(rng, qtype, numerics, n_tokens):
+    """MUL_MAT_ID multiplies each expert in use from its own blocks (no float32 copy of the
+    experts in the weight cache), by the kernel MUL_MAT would take, against float64."""
+    from test_ops_products import _mul_mat_id_ref, _routing
+
+    n_expert, m, k = 6, 40, 512
+    blocks = random_blocks(rng, qtype, n_expert * m, k)
+    ids = _routing(rng, n_tokens, 3, n_expert)
+    b = f32(rng, (1, n_tokens, 1, k))
+    with polydev.init_backend("CPU") as cpu:
+        cpu.set_numerics(numerics)
+        cache = cpu.device.weight_cache
+        cache.clear()
+        out = compute(cpu, lambda ctx, a_, x, i: ops.mul_mat_id(ctx, a_, x, i),
+                      blocks.reshape(1, n_expert, m, -1), b, ids, types=[qtype, None, None])
+        assert cache.nbytes == 0
+    w = dequantize(blocks, qtype).reshape(n_expert, m, k).astype(np.float64)
+    # fast: int16 activations, a relative error of 1.5e-5 of their block's largest at most
+    # (int8 activations would give NMSE near 1e-5)
+    assert_close(out[0], _mul_mat_id_ref(w, b[0].astype(np.float64), ids),
+                 1e-12 if numerics == "exact" else 1e-8)
+
+
+@pytest.mark.parametrize("form", ["fused", "swapped", "split"])
+@pytest.mark.parametrize("rows,n", [(1, 5632), (3, 37), (70, 260)])
+def test_swiglu_equals_float64(cpu, rng, form, rows, n):
+    """SWIGLU of float32 rows (fused [x, gate], swapped, or two tensors; rows whose length
+    is not a multiple of the vector width) against float64."""
+    x, g = f32(rng, (1, 1, rows, n), -8, 8), f32(rng, (1, 1, rows, n))
+    if form == "split":
+        out = compute(cpu, lambda ctx, a, b: ops.swiglu(ctx, a, b), x, g)
+    else:
+        both = np.concatenate([g, x] if form == "swapped" else [x, g], axis=-1)
+        out = compute(cpu, lambda ctx, a: ops.swiglu(ctx, a, swapped=form == "swapped"), both)
+    x64 = x.astype(np.float64)
+    assert_close(out, x64 / (1 + np.exp(-x64)) * g, 1e-13)
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K],
+                         ids=str)
+def test_get_rows_of_blocks_is_the_decoded_rows(cpu, rng, qtype):
+    """GET_ROWS of block-format rows gives ggml's decoded rows exactly; a bad index is an
+    OutOfBoundsError that says the range."""
+    raw = random_blocks(rng, qtype, 30, 512)
+    idx = np.array([3, 0, 29, 3], np.int32)
+    out = compute(cpu, lambda ctx, a, i: ops.get_rows(ctx, a, i), raw, idx,
+                  types=[qtype, None])
+    np.testing.assert_array_equal(out.reshape(4, 512),
+                                  dequantize(raw, qtype).reshape(30, 512)[idx])
+    with pytest.raises(polydev.errors.OutOfBoundsError, match=r"\[0, 30\)"):
+        compute(cpu, lambda ctx, a, i: ops.get_rows(ctx, a, i), raw,
+                np.array([1, 30], np.int32), types=[qtype, None])
+
+
 PROMPT_CASES = [  # n_seq, n_head, n_head_kv, n_q, n_kv, D, Dv
     (1, 8, 2, 40, 200, 64, 64),      # grouped queries; cells not a whole number of blocks
     (2, 4, 4, 9, 70, 80, 80),        # two sequences, a head size of 80

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from polydev.kernels import Kernel, KernelTable
-from polydev.ops import Op
+from polydev.ops import GluOp, Op
 
 from polydev.backends.array import TABLE
 
 from .attention import bind_native_flash_attn, native_flash_attn_ok
+from .get_rows import bind_native_get_rows, native_get_rows_ok
+from .glu import bind_native_glu, native_glu_ok
 from .matmul import bind_native_mul_mat, native_mul_mat_ok
+from .mul_mat_id import bind_native_mul_mat_id, native_mul_mat_id_ok
 from .norm import bind_native_rms_norm, native_rms_norm_ok
 from .rope import bind_native_rope, native_rope_ok
 from .set_rows import bind_native_set_rows, native_set_rows_ok
 
 CPU_TABLE = KernelTable({
     Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat),
+    Op.MUL_MAT_ID: Kernel(native_mul_mat_id_ok, bind_native_mul_mat_id),
     Op.FLASH_ATTN_EXT: Kernel(native_flash_attn_ok, bind_native_flash_attn),
+    (Op.GLU, GluOp.SWIGLU): Kernel(native_glu_ok, bind_native_glu),
+    Op.GET_ROWS: Kernel(native_get_rows_ok, bind_native_get_rows),
     Op.ROPE: Kernel(native_rope_ok, bind_native_rope),
     Op.RMS_NORM: Kernel(native_rms_norm_ok, bind_native_rms_norm),
     Op.SET_ROWS: Kernel(native_set_rows_ok, bind_native_set_rows),

@@ -53,8 +53,16 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     if x is None or y is None:                      # rows without one stride: the array kernel
         from polydev.backends.array.matmul import bind_mul_mat
         return bind_mul_mat(env, node)
-    lib, type_id, w_stride = kernels(), int(a_t.type), a_t.nb[1]
-    w_ptr = env.rows(a_t).ctypes.data
+    return bind_product(env, int(a_t.type), env.rows(a_t).ctypes.data, a_t.nb[1], m, k, x, y,
+                        f"MUL_MAT {node.name or '<unnamed>'}")
+
+
+def bind_product(env, type_id: int, w_ptr: int, w_stride: int, m: int, k: int, x: np.ndarray,
+                 y: np.ndarray, name: str) -> Callable[[], None]:
+    """y = x W^T, bound: W is m rows of k values of ggml type ``type_id`` at ``w_ptr``
+    (``w_stride`` bytes apart), x and y float32 rows with unit element stride. The kernel is
+    chosen by the rows and the numerics (see the module)."""
+    lib = kernels()
     x_ptr, x_stride = x.ctypes.data, x.strides[0] // 4
     y_ptr, y_stride = y.ctypes.data, y.strides[0] // 4
     n_rows = x.shape[0]
@@ -63,7 +71,7 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
                 env.n_threads)
     if env.numerics == "fast" and (lib.has_int16_gemm(type_id) or (
             n_rows <= BLOCK_PRODUCT_ROWS and lib.has_int16_product(type_id))):
-        return _int16_product(lib, args, node)
+        return _int16_product(lib, args, name)
     if n_rows <= BLOCK_PRODUCT_ROWS:
         mul_mat, where = lib.mul_mat_packed, args.ctypes.data
 
@@ -85,14 +93,14 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     return by_tiles
 
 
-def _int16_product(lib, args: np.ndarray, node: Tensor) -> Callable[[], None]:
+def _int16_product(lib, args: np.ndarray, name: str) -> Callable[[], None]:
     """The bound integer product (``pd_mul_mat_int16``, packed as ``mul_mat``)."""
     mul_mat, where = lib.mul_mat_int16_packed, args.ctypes.data
     rows, k = int(args[7]), int(args[4])
 
     def from_integers() -> None:
-        if mul_mat(where) != 0:         # 2: its int16 copy of the activations found no memory
-            raise AllocationError(f"MUL_MAT {node.name or '<unnamed>'}: no memory for the "
-                                  f"int16 copy of {rows} x {k} activations")
+        if mul_mat(where) != 0:         # 2: its scratch memory could not be had
+            raise AllocationError(f"{name}: no memory for the int16 copy of {rows} x {k} "
+                                  f"activations and the unpacked weights")
     from_integers.keep_alive = args
     return from_integers

@@ -88,6 +88,9 @@ class NativeKernels:
         self.rms_norm_f32_packed = _entry(library.pd_rms_norm_f32_packed, [_ptr, _f32])
         self.set_rows_f32_packed = _entry(library.pd_set_rows_f32_packed, [_ptr], _int)
         self.mul_mat_int16_packed = _entry(library.pd_mul_mat_int16_packed, [_ptr], _int)
+        self.swiglu_f32_packed = _entry(library.pd_swiglu_f32_packed, [_ptr])
+        self.get_rows_f32 = _entry(library.pd_get_rows_f32,
+                                   [_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64], _i64)
         int16_product_of = _entry(library.pd_int16_product_of, [_int], _int)
         self._int16_types = {t for t in range(64) if int16_product_of(t)}
         int16_gemm_of = _entry(library.pd_int16_gemm_of, [_int], _int)

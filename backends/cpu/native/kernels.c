@@ -627,6 +627,19 @@ void pd_dequantize_rows(int type, const uint8_t *w, int64_t w_stride, int64_t i0
 
 /* fp16 values to contiguous float32: src[i3 * s3 + i2 * s2 + i1 * s1 + 2 * i0] (strides in
  * bytes) to dst[((i3 * n2 + i2) * n1 + i1) * n0 + i0]. */
+/* GET_ROWS of block-format rows to float32: dst row r (dst_stride floats apart) is row idx[r]
+ * of w decoded. Every index is checked first: returns -1 when all are in [0, n_src_rows),
+ * else the position of the first that is not, and writes nothing. */
+int64_t pd_get_rows_f32(int type, const uint8_t *w, int64_t w_stride, int64_t n_src_rows,
+                        const int32_t *idx, int64_t n_idx, int64_t K, float *dst,
+                        int64_t dst_stride) {
+    for (int64_t r = 0; r < n_idx; r++)
+        if (idx[r] < 0 || idx[r] >= n_src_rows) return r;
+    for (int64_t r = 0; r < n_idx; r++)
+        pd_dequantize_rows(type, w + (int64_t)idx[r] * w_stride, 0, 0, 1, K, dst + r * dst_stride, 1);
+    return -1;
+}
+
 void pd_f16_to_f32(const uint8_t *src, int64_t n0, int64_t n1, int64_t s1, int64_t n2,
                    int64_t s2, int64_t n3, int64_t s3, float *dst) {
     for (int64_t i3 = 0; i3 < n3; i3++)

@@ -1,0 +1,48 @@
+"""GLU (SWIGLU) of float32 rows in the compiled kernels (native/glu.c).
+
+The array kernel computes silu(x) * g as four numpy calls per block of rows: on a decode
+step's row (5632 values at the 1B class) about 39 µs, ten times the arithmetic. The compiled
+kernel does the same float32 operations in one pass.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from polydev.backends.array.rows import as_rows
+from polydev.ops import GluOp
+from polydev.tensor import Tensor
+from polydev.types import GGMLType
+
+from .native import kernels, pack
+
+F32 = GGMLType.F32
+
+
+def native_glu_ok(node: Tensor) -> bool:
+    srcs = [s for s in node.src if s is not None]
+    return (kernels() is not None and node.op_params[0] == GluOp.SWIGLU
+            and node.type == F32 and all(s.type == F32 for s in srcs))
+
+
+def bind_native_glu(env, node: Tensor) -> Callable[[], None]:
+    d, a = env.view(node), env.view(node.src[0])
+    n = d.shape[-1]
+    if len(node.src) > 1 and node.src[1] is not None:
+        x, g = a, env.view(node.src[1])
+    else:
+        x, g = a[..., :n], a[..., n:]
+        if node.op_params[1]:                       # swapped: [gate, x]
+            x, g = g, x
+    d2, x2, g2 = as_rows(d, n), as_rows(x, n), as_rows(g, n)
+    if d2 is None or x2 is None or g2 is None:      # not rows of one stride: the array kernel
+        from polydev.backends.array.elementwise import bind_glu
+        return bind_glu(env, node)
+    args = pack(x2.ctypes.data, x2.strides[0] // 4, g2.ctypes.data, g2.strides[0] // 4,
+                d2.ctypes.data, d2.strides[0] // 4, d2.shape[0], n, env.n_threads)
+    swiglu, where = kernels().swiglu_f32_packed, args.ctypes.data
+
+    def run() -> None:
+        swiglu(where)
+    run.keep_alive = args
+    return run

@@ -1,0 +1,66 @@
+"""MUL_MAT_ID (mixture of experts) with block-format weights, read in place by the kernels.
+
+The array kernel decodes every expert's matrix to float32 (the weight cache: four to seven
+times the bytes of the blocks, for experts most tokens never use) and multiplies through
+BLAS. Here the (token, slot) pairs are grouped by expert as there, and each expert in use
+multiplies the rows routed to it straight from its own blocks, by the kernel MUL_MAT would
+choose for that many rows (matmul.bind_product): integer products under numerics="fast".
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from polydev.backends.array.movement import check_indices
+from polydev.tensor import Tensor
+from polydev.types import GGMLType
+
+from .matmul import bind_product
+from .native import kernels
+
+
+def native_mul_mat_id_ok(node: Tensor) -> bool:
+    """The kernels read the experts' type, each expert is one matrix of whole blocks, and the
+    activations, ids and result are as the array kernel takes them (float32, int32)."""
+    lib = kernels()
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    if lib is None or b.type != GGMLType.F32 or node.type != GGMLType.F32:
+        return False
+    block = lib.block_size(int(a.type))
+    return (block > 0 and a.ne[0] % block == 0 and a.ne[3] == 1 and a.is_contiguous_rows()
+            and ids.type == GGMLType.I32 and b.is_contiguous() and node.is_contiguous())
+
+
+def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
+    as_t, b_t, ids_t = node.src[0], node.src[1], node.src[2]
+    n_expert, m, k = as_t.ne[2], as_t.ne[1], as_t.ne[0]
+    experts_base = env.rows(as_t).ctypes.data
+    b = env.view(b_t)[0]                                # (n_tokens, n_b, K)
+    ids = env.view(ids_t)[0, 0]                         # (n_tokens, n_used)
+    d = env.view(node)[0].reshape(-1, m)                # (n_tokens * n_used, M)
+    n_tokens, n_b, _ = b.shape
+    n_used = ids.shape[1]
+    # the b row of pair (t, e) is row t * n_b + e % n_b of b's rows
+    b_row = (np.arange(n_tokens)[:, None] * n_b + np.arange(n_used)[None, :] % n_b).reshape(-1)
+    rows = b.reshape(-1, k)
+    name = f"MUL_MAT_ID {node.name or '<unnamed>'}"
+
+    def run() -> None:
+        experts = ids.reshape(-1)
+        check_indices(np, experts, n_expert, "mul_mat_id")
+        order = np.argsort(experts, kind="stable")
+        sorted_experts = experts[order]
+        used = np.unique(sorted_experts)
+        bounds = np.searchsorted(sorted_experts, used, side="right").tolist()
+        start = 0
+        for expert, stop in zip(used.tolist(), bounds):
+            pairs = order[start:stop]
+            x = np.ascontiguousarray(rows[b_row[pairs]])
+            y = np.empty((len(pairs), m), dtype=np.float32)
+            bind_product(env, int(as_t.type), experts_base + expert * as_t.nb[2], as_t.nb[1],
+                         m, k, x, y, name)()
+            d[pairs] = y
+            start = stop
+    return run
