@@ -15,9 +15,33 @@
 #define QK 32
 #define QK_K 256
 
-/* ggml type ids */
-enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+/* The block-format types the kernels read, once: X(TYPE, name, ggml type id, values per block,
+ * bytes per block, has a minimum). A file's function for a type is named <prefix>_<name>
+ * (dq_q4_k, i16_q4_k, ...), so a switch over the types is one of these lists with a case per
+ * row. F16 is read in "blocks" of 32 halves. */
+#define PD_QUANT_TYPES(X)                       \
+    X(Q4_0, q4_0, 2, QK, 18, 0)                 \
+    X(Q4_1, q4_1, 3, QK, 20, 1)                 \
+    X(Q5_0, q5_0, 6, QK, 22, 0)                 \
+    X(Q5_1, q5_1, 7, QK, 24, 1)                 \
+    X(Q8_0, q8_0, 8, QK, 34, 0)                 \
+    X(Q4_K, q4_k, 12, QK_K, 144, 1)             \
+    X(Q5_K, q5_k, 13, QK_K, 176, 1)             \
+    X(Q6_K, q6_k, 14, QK_K, 210, 0)
+#define PD_BLOCK_TYPES(X) X(F16, f16, 1, QK, 64, 0) PD_QUANT_TYPES(X)
+
+/* ggml type ids: T_F16, T_Q4_0, ... */
+#define PD_TYPE_ID(TYPE, name, id, values, bytes, has_min) T_##TYPE = id,
+enum { PD_BLOCK_TYPES(PD_TYPE_ID) };
+#undef PD_TYPE_ID
+
+/* values per block of `type`, 0 for a type the kernels do not read */
+static inline int block_values(int type) {
+#define PD_CASE(TYPE, name, id, values, bytes, has_min) case T_##TYPE: return values;
+    switch (type) { PD_BLOCK_TYPES(PD_CASE) }
+#undef PD_CASE
+    return 0;
+}
 
 /* the packed entry points' arguments: pointer i of the int64 array a */
 #define P_PTR(i) ((const uint8_t *)(intptr_t)a[i])

@@ -184,16 +184,9 @@ typedef void (*int16_kernel)(const uint8_t *, int64_t, int64_t, int64_t, const i
                              float *, int64_t);
 
 static int16_kernel int16_kernel_of(int type) {
-    switch (type) {
-    case T_Q4_0: return i16_q4_0;
-    case T_Q4_1: return i16_q4_1;
-    case T_Q5_0: return i16_q5_0;
-    case T_Q5_1: return i16_q5_1;
-    case T_Q8_0: return i16_q8_0;
-    case T_Q4_K: return i16_q4_k;
-    case T_Q5_K: return i16_q5_k;
-    case T_Q6_K: return i16_q6_k;
-    }
+#define PD_CASE(TYPE, name, id, values, bytes, has_min) case T_##TYPE: return i16_##name;
+    switch (type) { PD_QUANT_TYPES(PD_CASE) }
+#undef PD_CASE
     return 0;
 }
 #endif
@@ -221,7 +214,7 @@ int pd_mul_mat_int16(int type, const uint8_t *w, int64_t w_stride, int64_t M, in
 #ifdef INT16_KERNELS
     int16_kernel kernel = int16_kernel_of(type);
     if (!kernel) return 1;
-    const int64_t group = (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) ? QK_K : QK;
+    const int64_t group = block_values(type);       /* one activation scale per block */
     int16_rows a = {malloc(sizeof(int16_t) * n_rows * K), malloc(sizeof(float) * n_rows * (K / group)),
                     malloc(sizeof(float) * n_rows * (K / QK)), K, n_rows, group};
     int status = 2;

@@ -141,17 +141,10 @@ typedef void (*block_decoder)(const uint8_t *, float *);
 
 /* elements per block, bytes per block, decoder; 0 elements: not a type this file decodes */
 static int geometry(int type, int *block, int *bytes, block_decoder *dq) {
-    switch (type) {
-    case T_F16:  *block = QK;   *bytes = 64;  *dq = dq_f16;  return 1;
-    case T_Q4_0: *block = QK;   *bytes = 18;  *dq = dq_q4_0; return 1;
-    case T_Q4_1: *block = QK;   *bytes = 20;  *dq = dq_q4_1; return 1;
-    case T_Q5_0: *block = QK;   *bytes = 22;  *dq = dq_q5_0; return 1;
-    case T_Q5_1: *block = QK;   *bytes = 24;  *dq = dq_q5_1; return 1;
-    case T_Q8_0: *block = QK;   *bytes = 34;  *dq = dq_q8_0; return 1;
-    case T_Q4_K: *block = QK_K; *bytes = 144; *dq = dq_q4_k; return 1;
-    case T_Q5_K: *block = QK_K; *bytes = 176; *dq = dq_q5_k; return 1;
-    case T_Q6_K: *block = QK_K; *bytes = 210; *dq = dq_q6_k; return 1;
-    }
+#define PD_CASE(TYPE, name, id, values, size, has_min)                                     \
+    case T_##TYPE: *block = values; *bytes = size; *dq = dq_##name; return 1;
+    switch (type) { PD_BLOCK_TYPES(PD_CASE) }
+#undef PD_CASE
     return 0;
 }
 
@@ -519,17 +512,9 @@ AVX_DEQUANTIZE(avx_dq_q6_k, QK_K, 210, g_q6_k)
 typedef void (*row_decoder)(const uint8_t *, int64_t, float *);
 
 static row_decoder avx_row_decoder(int type) {
-    switch (type) {
-    case T_F16:  return avx_dq_f16;
-    case T_Q4_0: return avx_dq_q4_0;
-    case T_Q4_1: return avx_dq_q4_1;
-    case T_Q5_0: return avx_dq_q5_0;
-    case T_Q5_1: return avx_dq_q5_1;
-    case T_Q8_0: return avx_dq_q8_0;
-    case T_Q4_K: return avx_dq_q4_k;
-    case T_Q5_K: return avx_dq_q5_k;
-    case T_Q6_K: return avx_dq_q6_k;
-    }
+#define PD_CASE(TYPE, name, id, values, bytes, has_min) case T_##TYPE: return avx_dq_##name;
+    switch (type) { PD_BLOCK_TYPES(PD_CASE) }
+#undef PD_CASE
     return 0;
 }
 #endif
@@ -539,17 +524,9 @@ typedef void (*rows_kernel)(const uint8_t *, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, float *, int64_t, const float *);
 
 static rows_kernel scalar_rows_of(int type) {
-    switch (type) {
-    case T_F16:  return rows_f16;
-    case T_Q4_0: return rows_q4_0;
-    case T_Q4_1: return rows_q4_1;
-    case T_Q5_0: return rows_q5_0;
-    case T_Q5_1: return rows_q5_1;
-    case T_Q8_0: return rows_q8_0;
-    case T_Q4_K: return rows_q4_k;
-    case T_Q5_K: return rows_q5_k;
-    case T_Q6_K: return rows_q6_k;
-    }
+#define PD_CASE(TYPE, name, id, values, bytes, has_min) case T_##TYPE: return rows_##name;
+    switch (type) { PD_BLOCK_TYPES(PD_CASE) }
+#undef PD_CASE
     return 0;
 }
 
@@ -557,17 +534,10 @@ static rows_kernel scalar_rows_of(int type) {
 static rows_kernel rows_of(int type, int *needs_sums) {
     *needs_sums = 0;
 #ifdef AVX_KERNELS
-    switch (type) {
-    case T_F16:  return avx_f16;
-    case T_Q4_0: return avx_q4_0;
-    case T_Q4_1: *needs_sums = 1; return avx_q4_1;
-    case T_Q5_0: return avx_q5_0;
-    case T_Q5_1: *needs_sums = 1; return avx_q5_1;
-    case T_Q8_0: return avx_q8_0;
-    case T_Q4_K: *needs_sums = 1; return avx_q4_k;
-    case T_Q5_K: *needs_sums = 1; return avx_q5_k;
-    case T_Q6_K: return avx_q6_k;
-    }
+#define PD_CASE(TYPE, name, id, values, bytes, has_min)                                    \
+    case T_##TYPE: *needs_sums = has_min; return avx_##name;
+    switch (type) { PD_BLOCK_TYPES(PD_CASE) }
+#undef PD_CASE
 #endif
     return scalar_rows_of(type);
 }
