@@ -25,7 +25,7 @@ from .env import cache_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cached_probes", "cpu_info", "error_lines", "host_cpu"]
+__all__ = ["cached_probes", "cpu_info", "error_lines", "host_cpu", "physical_cores"]
 
 _lock = threading.Lock()
 
@@ -45,6 +45,38 @@ def cpu_info() -> dict[str, str]:
     except OSError:
         pass
     return fields
+
+
+def physical_cores() -> int:
+    """The physical cores among the CPUs this process may run on: hyperthreads of one core
+    count once, as llama.cpp counts its default threads (a second thread on a core shares its
+    vector units, and the products are bound by those). The CPUs it may run on where
+    /proc/cpuinfo does not say which core each is."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cores = cores_of(f.read(), allowed)
+    except OSError:
+        cores = 0
+    if cores:
+        return cores
+    return len(allowed) if allowed is not None else (os.cpu_count() or 1)
+
+
+def cores_of(cpuinfo: str, allowed: set[int] | None) -> int:
+    """The distinct (physical id, core id) of the processors in ``cpuinfo`` (/proc/cpuinfo's
+    text) that are in ``allowed`` (all where None); 0 where it does not name the cores."""
+    cores = set()
+    for record in cpuinfo.split("\n\n"):
+        fields = dict((k.strip(), v.strip()) for k, _, v in
+                      (line.partition(":") for line in record.splitlines()) if k.strip())
+        try:
+            processor = int(fields["processor"])
+        except (KeyError, ValueError):
+            continue
+        if "core id" in fields and (allowed is None or processor in allowed):
+            cores.add((fields.get("physical id"), fields["core id"]))
+    return len(cores)
 
 
 def host_cpu() -> str:

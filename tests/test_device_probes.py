@@ -297,3 +297,16 @@ def test_required_opencl_without_a_usable_device_stops_the_run_with_one_line():
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert lines == ["ERROR: POLYDEV_REQUIRE_OPENCL is set but no OpenCL device matches "
                      "POLYDEV_OPENCL_PLATFORM='no such' POLYDEV_OPENCL_DEVICE=None"], lines
+
+
+def test_physical_cores_count_hyperthreads_once():
+    from polydev.probes import cores_of
+
+    def cpu(processor: int, package: int, core: int) -> str:
+        return f"processor\t: {processor}\nphysical id\t: {package}\ncore id\t\t: {core}\n"
+    # two packages of two cores, each with two hyperthreads (processors 0-7)
+    text = "\n".join(cpu(p, p // 4, (p // 2) % 2) for p in range(8))
+    assert cores_of(text, None) == 4
+    assert cores_of(text, {0, 1}) == 1                   # both threads of one core
+    assert cores_of(text, {0, 2, 4}) == 3
+    assert cores_of("processor\t: 0\nmodel name\t: x\n", None) == 0   # no core ids

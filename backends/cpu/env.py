@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -10,6 +9,7 @@ import numpy as np
 from polydev.buffer import BufferUsage
 from polydev.errors import NotAllocatedError, UnsupportedError
 from polydev.numerics import DEFAULT_NUMERICS
+from polydev.probes import physical_cores
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS, dequantize, quantize
 
@@ -35,8 +35,7 @@ class NumpyEnv:
 
     def __init__(self, weight_cache: WeightCache) -> None:
         self.weight_cache = weight_cache
-        self.n_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)            # threads of the compiled kernels
+        self.n_threads = physical_cores()             # threads of the compiled kernels
         self.numerics = DEFAULT_NUMERICS                # see polydev.numerics
         self._scratch = np.empty(0, dtype=np.float32)
         self._memo: dict[Hashable, tuple[tuple, Any]] = {}

@@ -25,7 +25,7 @@ def bind_native_rms_norm(env, node: Tensor) -> Callable[[], None]:
     a = node.src[0]
     (eps,) = node.op_params
     args = pack(env.view(a).ctypes.data, *a.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
-                *node.ne)
+                *node.ne, env.n_threads)
     rms_norm, where = kernels().rms_norm_f32_packed, args.ctypes.data
 
     def run() -> None:
