@@ -291,7 +291,7 @@ def test_f16_to_f32_matches_numpy(cpu, rng, shape, axes):
 def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
     """The compiled FLASH_ATTN_EXT (a few queries, fp16 K/V): GQA, two sequences sharing a
     mask, ALiBi, softcap, sinks and a query that sees nothing, against float64."""
-    from test_ops_attention import _attention_ref, _causal_mask
+    from test_ops_attention import _causal_mask
 
     q = f32(rng, (2, 8, 3, 64), -3, 3)
     k = f32(rng, (2, 2, 50, 64), -3, 3).astype(np.float16)
@@ -299,19 +299,26 @@ def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
     mask = _causal_mask(rng, 3, 50, n_pad=1, heads=4)
     mask[..., :5] = -np.inf                               # cells no query sees
     mask[..., 2, :] = -np.inf                             # query 2 sees nothing
-    s = f32(rng, (8,), -2, 2)
+    out = _attention_against_float64(cpu, q, k, v, mask, f32(rng, (8,), -2, 2), max_bias,
+                                     softcap, sinks)
+    if not sinks:
+        assert np.all(out[:, 2] == 0)
+
+
+def _attention_against_float64(cpu, q, k, v, mask, sinks_values, max_bias, softcap, sinks):
+    """FLASH_ATTN_EXT (scale 0.3) on ``cpu``, checked against float64; its result."""
+    from test_ops_attention import _attention_ref
 
     def build(ctx, a, b, c, m, sk):
         t = ops.flash_attn_ext(ctx, a, b, c, m, 0.3, max_bias, softcap)
         if sinks:
             ops.flash_attn_ext_add_sinks(t, sk)
         return t
-    out = compute(cpu, build, q, k, v, mask, s)
+    out = compute(cpu, build, q, k, v, mask, sinks_values)
     ref = _attention_ref(*(x.astype(np.float64) for x in (q, k, v)), mask, 0.3, max_bias,
-                         softcap, s.astype(np.float64) if sinks else None)
-    if not sinks:
-        assert np.all(out[:, 2] == 0)
+                         softcap, sinks_values.astype(np.float64) if sinks else None)
     assert_close(out, ref, 1e-9)
+    return out
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K],
@@ -387,7 +394,7 @@ def test_prompt_attention_over_f16_cache(cpu, rng, case, max_bias, softcap, sink
     """The compiled FLASH_ATTN_EXT of many queries (the blocked kernel): a causal mask with
     padding rows, cells no query sees, a query that sees nothing, ALiBi, softcap and sinks,
     against float64."""
-    from test_ops_attention import _attention_ref, _causal_mask
+    from test_ops_attention import _causal_mask
 
     n_seq, n_head, n_head_kv, n_q, n_kv, dk, dv = case
     q = f32(rng, (n_seq, n_head, n_q, dk), -3, 3)
@@ -396,19 +403,10 @@ def test_prompt_attention_over_f16_cache(cpu, rng, case, max_bias, softcap, sink
     mask = _causal_mask(rng, n_q, n_kv, n_pad=2)
     mask[..., :3] = -np.inf                               # cells no query sees
     mask[..., n_q // 2, :] = -np.inf                      # a query that sees nothing
-    s = f32(rng, (n_head,), -2, 2)
-
-    def build(ctx, a, b, c, m, sk):
-        t = ops.flash_attn_ext(ctx, a, b, c, m, 0.3, max_bias, softcap)
-        if sinks:
-            ops.flash_attn_ext_add_sinks(t, sk)
-        return t
-    out = compute(cpu, build, q, k, v, mask, s)
-    ref = _attention_ref(*(x.astype(np.float64) for x in (q, k, v)), mask, 0.3, max_bias,
-                         softcap, s.astype(np.float64) if sinks else None)
+    out = _attention_against_float64(cpu, q, k, v, mask, f32(rng, (n_head,), -2, 2), max_bias,
+                                     softcap, sinks)
     if not sinks:
         assert np.all(out[:, n_q // 2] == 0)
-    assert_close(out, ref, 1e-9)
 
 
 def test_prompt_attention_carries_nan(cpu, rng):

@@ -7,11 +7,24 @@ of BLAS calls (the experts in use), never a loop over tokens.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from polydev.tensor import Tensor
 
 from .movement import check_indices
+
+
+def expert_groups(xp, experts: Any) -> Iterator[tuple[int, Any]]:
+    """(expert, the positions of its pairs in ``experts``) for each expert in use, in order:
+    the pairs are sorted by expert once."""
+    order = xp.argsort(experts, kind="stable")
+    sorted_experts = experts[order]
+    used = xp.unique(sorted_experts)
+    bounds = xp.searchsorted(sorted_experts, used, side="right").tolist()
+    start = 0
+    for expert, stop in zip(used.tolist(), bounds):
+        yield expert, order[start:stop]
+        start = stop
 
 
 def bind_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
@@ -35,13 +48,6 @@ def bind_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
         if rows.dtype != xp.float32:
             rows = rows.astype(xp.float32)
         w = weights()[0]
-        order = xp.argsort(experts, kind="stable")
-        sorted_experts = experts[order]
-        used = xp.unique(sorted_experts)
-        bounds = xp.searchsorted(sorted_experts, used, side="right").tolist()
-        start = 0
-        for expert, stop in zip(used.tolist(), bounds):
-            pairs = order[start:stop]
+        for expert, pairs in expert_groups(xp, experts):
             d[pairs] = rows[b_row[pairs]] @ w[expert].T
-            start = stop
     return run

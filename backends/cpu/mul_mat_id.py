@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from polydev.backends.array.movement import check_indices
+from polydev.backends.array.mul_mat_id import expert_groups
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -50,17 +51,10 @@ def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
     def run() -> None:
         experts = ids.reshape(-1)
         check_indices(np, experts, n_expert, "mul_mat_id")
-        order = np.argsort(experts, kind="stable")
-        sorted_experts = experts[order]
-        used = np.unique(sorted_experts)
-        bounds = np.searchsorted(sorted_experts, used, side="right").tolist()
-        start = 0
-        for expert, stop in zip(used.tolist(), bounds):
-            pairs = order[start:stop]
+        for expert, pairs in expert_groups(np, experts):
             x = np.ascontiguousarray(rows[b_row[pairs]])
             y = np.empty((len(pairs), m), dtype=np.float32)
             bind_product(env, int(as_t.type), experts_base + expert * as_t.nb[2], as_t.nb[1],
                          m, k, x, y, name)()
             d[pairs] = y
-            start = stop
     return run

@@ -43,21 +43,31 @@ static inline void f16_axpy(float *y, const uint8_t *v, float a, int64_t n) {
 
 #define FA_THREAD_WORK (1 << 16)     /* multiply-adds from which attention runs threaded */
 
+/* FLASH_ATTN_EXT's operands, as pd_flash_attn_f16 takes them. Strides are in bytes;
+ * q[s][i][h] (D floats), k/v[s][h_kv][cell] (D / Dv halves), mask[s % m3][h % m2][i][cell]
+ * (halves, or NULL), out[s][i][h] (Dv floats, contiguous); the cells [lo, hi) are attended;
+ * slopes (ALiBi, per head) and sinks (per head) may be NULL. */
+typedef struct {
+    const uint8_t *q, *k, *v, *mask;
+    int64_t q1, q2, q3, k1, k2, k3, v1, v2, v3, m1, m2s, m3s, m2, m3;
+    float *out;
+    int64_t D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi;
+    float scale, softcap;
+    const float *slopes, *sinks;
+} fa_op;
+
 /* FLASH_ATTN_EXT with fp16 K and V: ggml's online softmax per (sequence, query, head) over
  * the cells [lo, hi), skipping cells the mask sets to -inf as ggml does. Many queries (a
- * prompt) go to the blocked kernel below where the build has it.
- * Strides are in bytes; q[s][i][h] (D floats), k/v[s][h_kv][cell] (D / Dv halves),
- * mask[s % m3][h % m2][i][cell] (halves, or NULL), out[s][i][h] (Dv floats, contiguous).
- * slopes (ALiBi, per head) and sinks (per head) may be NULL. */
-static void attend_by_rows(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
-                       const uint8_t *k, int64_t k1, int64_t k2, int64_t k3,
-                       const uint8_t *v, int64_t v1, int64_t v2, int64_t v3,
-                       const uint8_t *mask, int64_t m1, int64_t m2s, int64_t m3s,
-                       int64_t m2, int64_t m3, float *out, int64_t D, int64_t Dv,
-                       int64_t n_q, int64_t n_head, int64_t n_head_kv, int64_t n_seq,
-                       int64_t lo, int64_t hi, float scale, float softcap,
-                       const float *slopes, const float *sinks, int n_threads) {
-    int64_t group = n_head / n_head_kv, n_work = n_seq * n_q * n_head;
+ * prompt) go to the blocked kernel below where the build has it. */
+static void attend_by_rows(const fa_op *op, int n_threads) {
+    const uint8_t *q = op->q, *k = op->k, *v = op->v, *mask = op->mask;
+    const int64_t q1 = op->q1, q2 = op->q2, q3 = op->q3, k1 = op->k1, k2 = op->k2, k3 = op->k3;
+    const int64_t v1 = op->v1, v2 = op->v2, v3 = op->v3, m1 = op->m1, m2s = op->m2s;
+    const int64_t m3s = op->m3s, m2 = op->m2, m3 = op->m3, D = op->D, Dv = op->Dv;
+    const int64_t n_q = op->n_q, n_head = op->n_head, lo = op->lo, hi = op->hi;
+    const float scale = op->scale, softcap = op->softcap, *slopes = op->slopes, *sinks = op->sinks;
+    float *out = op->out;
+    int64_t group = n_head / op->n_head_kv, n_work = op->n_seq * n_q * n_head;
     /* threads pay off once the products outweigh waking them (a few µs): a decode step's few
      * heads over a hundred cells already do */
     int parallel = n_threads > 1 && n_work > 1 && n_work * (hi - lo) * (D + Dv) >= FA_THREAD_WORK;
@@ -111,15 +121,6 @@ static void attend_by_rows(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
 #define FA_ROWS 32           /* query rows per tile, about: queries x the heads of a KV head */
 #define FA_MIN_QUERIES 8     /* from this many queries the blocked kernel runs */
 
-/* FLASH_ATTN_EXT's operands, as pd_flash_attn_f16 takes them */
-typedef struct {
-    const uint8_t *q, *k, *v, *mask;
-    int64_t q1, q2, q3, k1, k2, k3, v1, v2, v3, m1, m2s, m3s, m2, m3;
-    float *out;
-    int64_t D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi;
-    float scale, softcap;
-    const float *slopes, *sinks;
-} fa_op;
 
 /* one thread's memory for a tile of `rows` rows */
 typedef struct {
@@ -154,26 +155,36 @@ static fa_scratch fa_scratch_at(void *mem, int64_t rows, int64_t D, int64_t Dv) 
     return t;
 }
 
-/* S[r][0:FA_CELLS] = Q[r] . Kt for R rows (a constant of each inlined copy) */
-static inline __attribute__((always_inline)) void qk_rows(const float *Q, int64_t D,
-                                                          const float *Kt, float *S, const int R) {
-    for (int c0 = 0; c0 < FA_CELLS; c0 += 16) {
-        __m256 acc[4][2];
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d++) {
-            __m256 k0 = _mm256_loadu_ps(Kt + d * FA_CELLS + c0);
-            __m256 k1 = _mm256_loadu_ps(Kt + d * FA_CELLS + c0 + 8);
-            for (int r = 0; r < R; r++) {
-                __m256 q = _mm256_broadcast_ss(Q + r * D + d);
-                acc[r][0] = _mm256_fmadd_ps(q, k0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(q, k1, acc[r][1]);
-            }
-        }
+/* C[r][0:16] = (C[r][0:16] where `accumulate`, else 0) + sum_i A[r][i] B[i][0:16] for R rows
+ * (a constant of each inlined copy, so the 2 R sums stay in registers); strides in floats.
+ * Both products of a tile: Q K^T (A = Q, B = K transposed) and P V (A = P, B = V). */
+static inline __attribute__((always_inline)) void mac16_rows(
+        const float *A, int64_t a_stride, const float *B, int64_t b_stride, int64_t n,
+        float *C, int64_t c_stride, int accumulate, const int R) {
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = accumulate ? _mm256_loadu_ps(C + r * c_stride) : _mm256_setzero_ps();
+        acc[r][1] = accumulate ? _mm256_loadu_ps(C + r * c_stride + 8) : _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < n; i++) {
+        __m256 b0 = _mm256_loadu_ps(B + i * b_stride), b1 = _mm256_loadu_ps(B + i * b_stride + 8);
         for (int r = 0; r < R; r++) {
-            _mm256_storeu_ps(S + r * FA_CELLS + c0, acc[r][0]);
-            _mm256_storeu_ps(S + r * FA_CELLS + c0 + 8, acc[r][1]);
+            __m256 a = _mm256_broadcast_ss(A + r * a_stride + i);
+            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
         }
     }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(C + r * c_stride, acc[r][0]);
+        _mm256_storeu_ps(C + r * c_stride + 8, acc[r][1]);
+    }
+}
+
+/* S[r][0:FA_CELLS] = Q[r] . Kt for R rows */
+static inline __attribute__((always_inline)) void qk_rows(const float *Q, int64_t D,
+                                                          const float *Kt, float *S, const int R) {
+    for (int c0 = 0; c0 < FA_CELLS; c0 += 16)
+        mac16_rows(Q, D, Kt + c0, FA_CELLS, D, S + c0, FA_CELLS, 0, R);
 }
 
 /* O[r] += sum_c P[r][c] V[c] over n cells, for R rows */
@@ -181,25 +192,7 @@ static inline __attribute__((always_inline)) void pv_rows(const float *P, const 
                                                           int64_t n, int64_t Dv, float *O,
                                                           const int R) {
     int64_t j0 = 0;
-    for (; j0 + 16 <= Dv; j0 += 16) {
-        __m256 acc[4][2];
-        for (int r = 0; r < R; r++) {
-            acc[r][0] = _mm256_loadu_ps(O + r * Dv + j0);
-            acc[r][1] = _mm256_loadu_ps(O + r * Dv + j0 + 8);
-        }
-        for (int64_t c = 0; c < n; c++) {
-            __m256 v0 = _mm256_loadu_ps(V + c * Dv + j0), v1 = _mm256_loadu_ps(V + c * Dv + j0 + 8);
-            for (int r = 0; r < R; r++) {
-                __m256 p = _mm256_broadcast_ss(P + r * FA_CELLS + c);
-                acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            _mm256_storeu_ps(O + r * Dv + j0, acc[r][0]);
-            _mm256_storeu_ps(O + r * Dv + j0 + 8, acc[r][1]);
-        }
-    }
+    for (; j0 + 16 <= Dv; j0 += 16) mac16_rows(P, FA_CELLS, V + j0, Dv, n, O + j0, Dv, 1, R);
     for (; j0 < Dv; j0++)
         for (int r = 0; r < R; r++) {
             float sum = O[r * Dv + j0];
@@ -380,7 +373,7 @@ static int attend_blocked(const fa_op *op, int n_threads) {
 }
 #endif
 
-/* FLASH_ATTN_EXT with fp16 K and V (see attend_by_rows for the layout) */
+/* FLASH_ATTN_EXT with fp16 K and V (see fa_op for the layout) */
 void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
                        const uint8_t *k, int64_t k1, int64_t k2, int64_t k3,
                        const uint8_t *v, int64_t v1, int64_t v2, int64_t v3,
@@ -389,17 +382,13 @@ void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
                        int64_t n_q, int64_t n_head, int64_t n_head_kv, int64_t n_seq,
                        int64_t lo, int64_t hi, float scale, float softcap,
                        const float *slopes, const float *sinks, int n_threads) {
+    const fa_op op = {q, k, v, mask, q1, q2, q3, k1, k2, k3, v1, v2, v3, m1, m2s, m3s, m2, m3,
+                      out, D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi, scale, softcap, slopes,
+                      sinks};
 #ifdef BLOCKED_ATTENTION
-    if (n_q >= FA_MIN_QUERIES) {
-        const fa_op op = {q, k, v, mask, q1, q2, q3, k1, k2, k3, v1, v2, v3, m1, m2s, m3s, m2, m3,
-                          out, D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi, scale, softcap,
-                          slopes, sinks};
-        if (attend_blocked(&op, n_threads)) return;
-    }
+    if (n_q >= FA_MIN_QUERIES && attend_blocked(&op, n_threads)) return;
 #endif
-    attend_by_rows(q, q1, q2, q3, k, k1, k2, k3, v, v1, v2, v3, mask, m1, m2s, m3s, m2, m3, out,
-                   D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi, scale, softcap, slopes, sinks,
-                   n_threads);
+    attend_by_rows(&op, n_threads);
 }
 
 void pd_flash_attn_f16_packed(const int64_t *a, float scale, float softcap) {
