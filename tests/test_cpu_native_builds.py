@@ -17,7 +17,8 @@ from polydev.backends.cpu.native import variants
 from polydev.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-NATIVE_TESTS = Path(__file__).resolve().parent / "test_cpu_native.py"
+NATIVE_TESTS = [Path(__file__).resolve().parent / name
+                for name in ("test_cpu_native.py", "test_cpu_native_catalogue.py")]
 
 
 def _lower_levels() -> list[str]:
@@ -27,12 +28,12 @@ def _lower_levels() -> list[str]:
 
 @pytest.mark.parametrize("level", _lower_levels())
 def test_each_level_this_cpu_runs_passes_the_kernel_tests(level):
-    """test_cpu_native.py (every kernel against the numpy path and float64) with the kernels
-    of ``level``: the plain-C level has no SIMD code at all, so its scalar paths are checked
-    here too."""
+    """test_cpu_native.py (every kernel against float64 and the numpy path) and the catalogue
+    against the numpy path, with the kernels of ``level``: the plain-C level has no SIMD code
+    at all, so its scalar paths are checked here too."""
     env = {**os.environ, native.VARIANT_ENV: level}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(NATIVE_TESTS)], env=env, cwd=ROOT, capture_output=True,
+                           *map(str, NATIVE_TESTS)], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
