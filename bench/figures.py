@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,6 +40,16 @@ def print_figures(bench: str, machine: str, figures: list[dict], as_json: bool) 
                         for f in figures]))
 
 
+def print_saved(paths: list[str]) -> None:
+    """Each file that a bench script's --json wrote, as the table it would have printed."""
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        print(f"== {saved['bench']}: ", end="")
+        print_figures(saved["bench"], saved["machine"], saved["figures"], as_json=False)
+        print()
+
+
 def leave_bench_dir() -> None:
     """Take bench/ off the import path once a script has imported its siblings: the script
     bench/gguf.py is named like the gguf package, and polydev.models imports that package."""
@@ -58,3 +69,22 @@ def real_models() -> dict[str, str]:
                                        / "SmolLM2-135M-Instruct.Q4_1.gguf")
     out["gemma-3-270m Q4_K_M"] = str(default_model_path())
     return out
+
+
+def run_child(module: str, call: str, env: dict[str, str] | None = None) -> dict | str:
+    """``module.call`` (a Python expression such as ``f(1, 'x')``) in a fresh interpreter with
+    bench/ on its path: its result, the JSON its last line printed, or why it failed (the
+    last line of its standard error). A process per engine keeps its peak RSS, its threads
+    and its device memory its own."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys, json; sys.path.insert(0, {here!r}); "
+            f"import {module} as m; print(json.dumps(m.{call}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=False)
+    if done.returncode != 0:
+        return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":          # python bench/figures.py FILE...: saved --json as tables
+    print_saved(sys.argv[1:])

@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from figures import leave_bench_dir, parse_args, print_figures, real_models  # bench/figures.py
+from figures import (leave_bench_dir, parse_args, print_figures, real_models,  # bench/
+                     run_child)
 
 leave_bench_dir()        # bench/gguf.py would stand for the gguf package polydev.models uses
 
@@ -60,7 +60,7 @@ SCALE_MODELS = {
 }
 
 
-def _scale_model(label: str, shape: dict) -> str:
+def scale_model(label: str, shape: dict) -> str:
     """The random-weight model ``label``, written on first use (tests/model_files.py)."""
     from polydev.env import cache_dir
 
@@ -79,7 +79,7 @@ def _scale_model(label: str, shape: dict) -> str:
 def _models(scale: bool) -> dict[str, str]:
     out = real_models()
     if scale:
-        out.update({label: _scale_model(label, shape) for label, shape in SCALE_MODELS.items()})
+        out.update({label: scale_model(label, shape) for label, shape in SCALE_MODELS.items()})
     return out
 
 
@@ -96,7 +96,7 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class _RandomTokens:
+class RandomTokens:
     """Random token ids for both engines. Python's random, not numpy.random: importing that
     loads OpenSSL's libcrypto (through secrets and hmac), 3.5 MiB of the harness's own that
     would count in polydev's peak RSS."""
@@ -110,7 +110,7 @@ class _RandomTokens:
         return [self._random.randrange(low, high) for _ in range(n)]
 
 
-def _generation_rate(model, rng) -> float:
+def generation_rate(model, rng) -> float:
     """t/s of N_GEN random tokens decoded one at a time after a reset."""
     model.reset()
     model.evaluator.eval([1])
@@ -123,7 +123,7 @@ def _generation_rate(model, rng) -> float:
 def polydev_child(path: str, reps: int) -> dict:
     from polydev.models import load
 
-    rng = _RandomTokens(0)
+    rng = RandomTokens(0)
     start_rss = _rss_now()                      # the interpreter, numpy, polydev, tokenizers
     with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False) as model:
         loaded_rss = _rss_now()
@@ -135,7 +135,7 @@ def polydev_child(path: str, reps: int) -> dict:
             start = time.perf_counter()
             model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))
             pp.append(N_PROMPT / (time.perf_counter() - start))
-            tg.append(_generation_rate(model, rng))
+            tg.append(generation_rate(model, rng))
         model.reset()
         start = time.perf_counter()
         model.evaluator.eval(rng.integers(0, vocab, N_LONG))
@@ -226,21 +226,21 @@ def polydev_opencl_child(path: str, reps: int) -> dict:
 
     with GGUFFile(path) as f:
         n_layer = int(f.get(f"{f.get('general.architecture')}.block_count"))
-    rng = _RandomTokens(0)
+    rng = RandomTokens(0)
     ngl = (n_layer + 1) // 2
     with load(path, devices=["OpenCL0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as half, \
             load(path, devices=[], n_ctx=N_CTX, progress=False) as cpu:
         tg, tg_cpu = [], []
         for _ in range(reps):
-            tg.append(_generation_rate(half, rng))
-            tg_cpu.append(_generation_rate(cpu, rng))
+            tg.append(generation_rate(half, rng))
+            tg_cpu.append(generation_rate(cpu, rng))
         return {"tg": tg, "tg_cpu": tg_cpu, "ngl": ngl, "n_layer": n_layer}
 
 
 def llama_cpp_child(path: str, reps: int) -> dict:
     import llama_cpp
 
-    rng = _RandomTokens(0)
+    rng = RandomTokens(0)
     llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=512, n_threads=2, verbose=False)
     vocab = llm.n_vocab()
     llm.eval(rng.integers(0, vocab, N_PROMPT))                            # warm-up
@@ -266,18 +266,18 @@ def llama_cpp_child(path: str, reps: int) -> dict:
 
 def _child(engine: str, path: str, reps: int, llama_cpp_dir: str | None = None) -> dict | str:
     """Run one engine on one model in a fresh process; its result, or why it failed."""
-    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            f"import models as m; print(json.dumps(m.{engine}_child({path!r}, {reps})))")
-    # models.py takes bench/ off the path as it is imported (see leave_bench_dir)
     backends = {"polydev": "cpu", "polydev_opencl": "cpu,opencl"}
     env = dict(os.environ, POLYDEV_BACKENDS=backends[engine]) if engine in backends else None
     if engine == "llama_cpp" and llama_cpp_dir:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [llama_cpp_dir, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        env = with_llama_cpp(llama_cpp_dir)
+    # models.py takes bench/ off the path as it is imported (see leave_bench_dir)
+    return run_child("models", f"{engine}_child({path!r}, {reps})", env)
+
+
+def with_llama_cpp(directory: str) -> dict[str, str]:
+    """The environment of a child that imports the llama-cpp-python in ``directory``."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [directory, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
 def _mean(values: list[float]) -> str:

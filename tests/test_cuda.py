@@ -55,6 +55,27 @@ def test_without_cupy_there_are_no_devices_and_a_reason():
     assert out.startswith("0 CuPy is not usable")
 
 
+@pytest.mark.parametrize("driver, built, hint", [
+    (12080, 13000, "the driver runs CUDA 12.8, this CuPy is built for CUDA 13.0: pip install "
+                   "'polydev[cuda12]'"),
+    (13000, 12090, None),             # a newer driver runs an older CuPy: no version hint
+    (0, 12090, None),                 # no driver at all
+])
+def test_a_cupy_newer_than_the_driver_says_which_extra_to_install(monkeypatch, driver, built,
+                                                                  hint):
+    from polydev.backends.cuda import _make_reg
+
+    def refuse():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")
+
+    runtime = SimpleNamespace(getDeviceCount=refuse, driverGetVersion=lambda: driver,
+                              runtimeGetVersion=lambda: built)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    reg = _make_reg()
+    assert reg.devices == [] and reg.unavailable_reason.startswith("CUDA is not usable: cuda")
+    assert (hint in reg.unavailable_reason) if hint else "pip install" not in reg.unavailable_reason
+
+
 def _stand_in_cupy() -> SimpleNamespace:
     """The part of CuPy a CUDA device and its streams touch when they are made, over no GPU:
     enough to check the backend's wiring to the runtime's contract without one."""

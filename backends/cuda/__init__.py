@@ -23,11 +23,11 @@ def _make_reg() -> Reg:
         import cupy
     except Exception as e:       # not installed, or one of its CUDA libraries failed to load
         return Reg("CUDA", unavailable_reason=f"CuPy is not usable ({e}); "
-                   f"pip install 'polydev[cuda]'")
+                   f"pip install 'polydev[cuda]' (or [cuda13] for a CUDA 13 driver)")
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:       # CUDARuntimeError: no driver (35), no GPU (100), ...
-        return Reg("CUDA", unavailable_reason=f"CUDA is not usable: {e}")
+        return Reg("CUDA", unavailable_reason=f"CUDA is not usable: {e}{_version_hint(cupy)}")
     if count == 0:
         return Reg("CUDA", unavailable_reason="the CUDA driver shows no GPU")
     from .device import CUDADevice
@@ -45,6 +45,22 @@ def _make_reg() -> Reg:
                 label, answer)
     reason = None if devices else f"no GPU can run the backend's kernels ({excluded[0].reason})"
     return Reg("CUDA", devices, unavailable_reason=reason, excluded=excluded)
+
+
+def _version_hint(cupy) -> str:
+    """Why a driver refuses this CuPy, where that is the reason: CuPy built for a newer CUDA
+    than the driver runs (cupy-cuda13x under a CUDA 12 driver)."""
+    try:
+        driver = cupy.cuda.runtime.driverGetVersion()       # 0 without a driver
+        built = cupy.cuda.runtime.runtimeGetVersion()
+    except Exception:
+        return ""
+    if not driver or driver >= built:
+        return ""
+    def version(v: int) -> str:
+        return f"{v // 1000}.{v % 1000 // 10}"
+    return (f" (the driver runs CUDA {version(driver)}, this CuPy is built for CUDA "
+            f"{version(built)}: pip install 'polydev[cuda{driver // 1000}]')")
 
 
 def _probe_gpus(cupy, count: int) -> list[tuple[str | None, bool]]:

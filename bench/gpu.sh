@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# polydev's CUDA check on a GPU machine, each part in one command (DEVELOPERS.md, "On a lent
+# GPU machine"):
+#
+#   bash bench/gpu.sh prepare   here, with network: .gpu/ gets what the GPU machine lacks
+#                               (wheels for its Python 3.12, llama-cpp-python's source without
+#                               its model files), about 14 MiB
+#   bash bench/gpu.sh           there: install; pytest -m cuda; polydev compare -b CUDA0 (and
+#                               OpenCL0 where the driver offers one); bench/cuda_ops.py;
+#                               bench/cuda_model.py (polydev alone)
+#   bash bench/gpu.sh llama     there: install; build llama.cpp's CUDA backend; then
+#                               bench/cuda_model.py with it side by side
+#
+# Through the device tool: run(command="bash bench/gpu.sh", carry=[".gpu"]), and the same with
+# "bash bench/gpu.sh llama". Each part fits one call of 10 minutes: every step has a time limit
+# of its own, and a step that fails or runs out is reported and the next one runs. Everything
+# lands in $OUT (./gpu-out where OUT is unset): a log per step, compare's JSON lines, the
+# benches' JSON and summary.txt, which is also printed. On a machine without an NVIDIA GPU the
+# GPU parts stop at once with one line saying so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_CPP_VERSION=0.3.36
+GPU_DIR=.gpu
+SITE=/tmp/polydev-site             # what the parts install, on PYTHONPATH
+LLAMA_DIR=/tmp/llama-cpp-cuda      # llama-cpp-python built for the GPU
+OUT=${OUT:-$PWD/gpu-out}
+DEADLINE=$((SECONDS + 570))        # a device call runs 600 s at most: end with time to spare
+# What the GPU machine's image lacks (its package list: the device tool's KINDS.md): the gguf
+# package for the model files, pyopencl for its OpenCL check, diskcache for llama-cpp-python,
+# and a setuptools new enough for polydev's pyproject.toml.
+GPU_WHEELS=(gguf diskcache "setuptools>=77" pyopencl pytools platformdirs siphash24 mako)
+
+say() { echo "gpu.sh: $*"; }
+export -f say
+
+# --- here: what travels --------------------------------------------------------------------------
+
+prepare() {
+    rm -rf "$GPU_DIR" && mkdir -p "$GPU_DIR/wheels" || return 1
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$GPU_DIR/wheels" "${GPU_WHEELS[@]}" || return 1
+    local tmp
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" \
+        "llama-cpp-python==$LLAMA_CPP_VERSION" || return 1
+    tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp" || return 1
+    # its vendored llama.cpp without what a build never reads (75 MiB of vocabularies, docs)
+    local name="llama_cpp_python-$LLAMA_CPP_VERSION"
+    tar czf "$GPU_DIR/$name.tar.gz" -C "$tmp" --exclude="$name/vendor/llama.cpp/models" \
+        --exclude="$name/vendor/llama.cpp/docs" --exclude="$name/vendor/llama.cpp/benches" \
+        --exclude=".git" --exclude=".github" "$name" || return 1
+    rm -rf "$tmp"
+    say "$GPU_DIR holds $(du -sh "$GPU_DIR" | cut -f1); run 'bash bench/gpu.sh' with it carried"
+}
+
+# --- there ---------------------------------------------------------------------------------------
+
+require_gpu() {
+    if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+        say "no NVIDIA GPU here (nvidia-smi lists none): run this on a GPU machine"
+        exit 1
+    fi
+    [ -d "$GPU_DIR/wheels" ] || { say "no $GPU_DIR/wheels: run 'bash bench/gpu.sh prepare' \
+where pip reaches PyPI, and carry $GPU_DIR"; exit 1; }
+    mkdir -p "$OUT"
+    export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+}
+
+# step NAME SECONDS COMMAND: runs the shell command COMMAND (this script's functions
+# included) for at most SECONDS and never past the DEADLINE, its output in $OUT/NAME.log
+# unless it redirects it itself; one line in $OUT/steps.txt says how it ended.
+step() {
+    local name=$1 limit=$2 command=$3 start=$SECONDS rc how
+    local left=$((DEADLINE - SECONDS))
+    if [ "$left" -lt 20 ]; then
+        echo "$name: not run, no time left" | tee -a "$OUT/steps.txt"
+        return 1
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+    say "$name (at most $limit s)"
+    timeout --kill-after=10 "$limit" bash -c "$command" >>"$OUT/$name.log" 2>&1
+    rc=$?
+    how="exit $rc"
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then how="stopped at its limit"; fi
+    echo "$name: $how after $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
+    # why, in the summary too: the last line the step wrote
+    [ $rc -ne 0 ] && tail -1 "$OUT/$name.log" | sed 's/^/    /' >>"$OUT/steps.txt"
+    return $rc
+}
+
+install_polydev() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+        "$GPU_DIR"/wheels/*.whl || return 1
+    # built here: the CPU kernels for this machine's Python and processor
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" . \
+        || return 1
+    nvidia-smi
+    python3 -m polydev.tools.cli devices -v
+}
+
+# The name of the first OpenCL device that is a GPU (the NVIDIA driver's, where it has one).
+opencl_gpu() {
+    python3 -m polydev.tools.cli devices --json 2>/dev/null | python3 -c 'import json, sys
+names = [d["name"] for d in json.load(sys.stdin)["devices"]
+         if d["backend"] == "OpenCL" and d["type"] != "CPU"]
+print(names[0] if names else "")'
+}
+
+check() {
+    require_gpu
+    step setup 150 install_polydev || { summary; exit 1; }
+    step tests 150 "python3 -m pytest -q -m cuda tests"
+    step compare 150 "python3 -m polydev.tools.cli compare -b CUDA0 -j 4 --output json \
+>'$OUT/compare.jsonl'"
+    local opencl
+    opencl=$(opencl_gpu)
+    if [ -n "$opencl" ]; then
+        step compare_opencl 60 "python3 -m polydev.tools.cli compare -b $opencl -j 4 \
+--output json >'$OUT/compare_opencl.jsonl'"
+    else
+        echo "compare_opencl: no OpenCL GPU here (polydev devices -v in setup.log says why)" \
+            >>"$OUT/steps.txt"
+    fi
+    step cuda_ops 60 "python3 bench/cuda_ops.py --json >'$OUT/cuda_ops.json'"
+    step cuda_model 180 "python3 bench/cuda_model.py --json --quick >'$OUT/cuda_model.json'"
+    summary
+}
+
+build_llama_cpp() {
+    if [ -f "$LLAMA_DIR/llama_cpp/__init__.py" ]; then say "llama.cpp is built"; return 0; fi
+    local tmp
+    tmp=$(mktemp -d)
+    tar xzf "$GPU_DIR"/llama_cpp_python-*.tar.gz -C "$tmp" || return 1
+    # for this machine (GGML_NATIVE, the default) and its GPU, kept outside the checkout
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=off" \
+        CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+        python3 -m pip install --no-index --no-deps --no-build-isolation --target "$LLAMA_DIR" \
+        "$tmp"/llama_cpp_python-* || return 1
+}
+
+llama() {
+    require_gpu
+    step setup 90 install_polydev || { summary; exit 1; }
+    step llama_build 360 build_llama_cpp || { summary; exit 1; }
+    step cuda_model 480 "python3 bench/cuda_model.py --json --llama-cpp '$LLAMA_DIR' \
+>'$OUT/cuda_model.json'"
+    summary
+}
+
+# --- the summary ---------------------------------------------------------------------------------
+
+summary() {
+    {
+        cat "$OUT/steps.txt"
+        [ -f "$OUT/tests.log" ] && echo "tests: $(tail -1 "$OUT/tests.log")"
+        for f in "$OUT"/compare*.jsonl; do
+            [ -s "$f" ] && echo "$(basename "$f" .jsonl): $(grep '"summary"' "$f" | tail -1)"
+        done
+        for f in "$OUT"/cuda_ops.json "$OUT"/cuda_model.json; do
+            [ -s "$f" ] && python3 bench/figures.py "$f"
+        done
+    } >"$OUT/summary.txt" 2>&1
+    cat "$OUT/summary.txt"
+}
+
+export GPU_DIR SITE LLAMA_DIR OUT
+export -f install_polydev build_llama_cpp
+
+case "${1:-check}" in
+    prepare) prepare ;;
+    check) check ;;
+    llama) llama ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" ;;
+    *) say "unknown part '$1': prepare, check (the default) or llama"; exit 2 ;;
+esac
