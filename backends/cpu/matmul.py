@@ -13,7 +13,10 @@ With ``numerics="fast"`` (the default, polydev.numerics) the few-row products qu
 activations to int16 and multiply integers (``native/int_dot.c``), where the build has those
 kernels for the weight's type, and so do the many-row products of the K-quants
 (``native/int_gemm.c``: each weight block unpacked once for all rows, instead of decoded to
-float32 for BLAS); ``"exact"`` keeps the float32 products.
+float32 for BLAS); ``"exact"`` keeps the float32 products. A weight in a weights buffer (a
+model's) that the build can interleave (``native/interleaved.c``: AVX-512 VNNI; Q4_0, Q8_0,
+Q4_K, Q5_K, Q6_K; rows a multiple of 16) multiplies a few rows from a copy with 16 rows
+interleaved, made on first use and kept in the device's weight cache.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from polydev.backends.array.rows import as_rows
+from polydev.buffer import BufferUsage
 from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
@@ -31,6 +35,8 @@ from .native import kernels, pack
 
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
 BLOCK_PRODUCT_ROWS = 32
+# below this many, fast numerics multiply a weight's interleaved copy where the build has one
+INTERLEAVED_ROWS = 8
 TILE_BYTES = 1 << 20     # float32 bytes of one decoded tile (4 MiB ran pp512 no faster)
 
 
@@ -53,8 +59,48 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     if x is None or y is None:                      # rows without one stride: the array kernel
         from polydev.backends.array.matmul import bind_mul_mat
         return bind_mul_mat(env, node)
+    name = f"MUL_MAT {node.name or '<unnamed>'}"
+    interleaved = _bind_interleaved(env, a_t, x, y, name)
+    if interleaved is not None:
+        return interleaved
     return bind_product(env, int(a_t.type), env.rows(a_t).ctypes.data, a_t.nb[1], m, k, x, y,
-                        f"MUL_MAT {node.name or '<unnamed>'}")
+                        name)
+
+
+def _bind_interleaved(env, w: Tensor, x: np.ndarray, y: np.ndarray,
+                      name: str) -> Callable[[], None] | None:
+    """The product from ``w``'s copy with 16 rows interleaved (native/interleaved.c), made
+    once and kept in the weight cache; None where it does not apply: exact numerics, many
+    activation rows, a weight outside a weights buffer (its bytes may change under a bound
+    plan), or a type and shape this build has no interleaved kernel for."""
+    lib = kernels()
+    type_id, m, k, n_rows = int(w.type), w.ne[1], w.ne[0], x.shape[0]
+    if (env.numerics != "fast" or n_rows >= INTERLEAVED_ROWS or w.buffer is None
+            or w.buffer.usage != BufferUsage.WEIGHTS):
+        return None
+    size = lib.interleaved_bytes(type_id, m, k)
+    if not size:
+        return None
+    rows, cache, n_threads = env.rows(w), env.weight_cache, env.n_threads
+
+    def interleave() -> np.ndarray:
+        out = np.empty(size, dtype=np.uint8)
+        lib.interleave(type_id, rows.ctypes.data, w.nb[1], m, k, out.ctypes.data, n_threads)
+        return out
+
+    args = pack(type_id, 0, m, k, x.ctypes.data, x.strides[0] // 4, n_rows, y.ctypes.data,
+                y.strides[0] // 4, n_threads)
+    mul_mat, where = lib.mul_mat_interleaved_packed, args.ctypes.data
+
+    def from_interleaved() -> None:
+        # from the cache on every call: a copy it evicted, or one of a rewritten buffer, is
+        # made again, and what it holds is what it counts
+        args[1] = cache.get(w, interleave, "interleaved").ctypes.data
+        if mul_mat(where) != 0:
+            raise AllocationError(f"{name}: no memory for the int16 copy of {n_rows} x {k} "
+                                  f"activations")
+    from_interleaved.keep_alive = args
+    return from_interleaved
 
 
 def bind_product(env, type_id: int, w_ptr: int, w_stride: int, m: int, k: int, x: np.ndarray,

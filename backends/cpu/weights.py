@@ -1,7 +1,10 @@
-"""The CPU backend's memory-accounted cache of weights decoded to float32 (DESIGN decision 8).
+"""The CPU backend's memory-accounted cache of weights decoded to float32, or repacked for the
+compiled kernels (DESIGN decision 8).
 
 numpy has no quantized matrix product, so a quantized (or F16/BF16) weight is decoded to
-float32 once and reused by every later product, instead of being decoded on each token. Only
+float32 once and reused by every later product, instead of being decoded on each token; and
+the compiled kernels multiply a few activation rows fastest by a weight with 16 rows
+interleaved (native/interleaved.c), made once per weight the same way. Only
 tensors in WEIGHTS buffers are cached. An entry is keyed by its buffer's ``uid`` (never
 reused, unlike ``id()``) and is stale as soon as the buffer's generation changes (every write
 through polydev bumps it); freeing a buffer drops its entries. The cache holds at most
@@ -45,10 +48,11 @@ class WeightCache:
             self._budget = self._default_budget() if mib is None else int(mib * 2**20)
         return self._budget
 
-    def get(self, t: Tensor, decode: Callable[[], np.ndarray]) -> np.ndarray:
-        """``t``'s decoded values: cached while its buffer is unchanged, else ``decode()``."""
+    def get(self, t: Tensor, decode: Callable[[], np.ndarray], kind: str = "f32") -> np.ndarray:
+        """``t``'s values in the form ``kind`` names ("f32": decoded to float32): cached while
+        its buffer is unchanged, else ``decode()``."""
         buf = t.buffer
-        key = (buf.uid, t.offset, t.type, t.ne, t.nb)
+        key = (buf.uid, t.offset, t.type, t.ne, t.nb, kind)
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None and hit[0] == buf.generation:

@@ -88,6 +88,11 @@ class NativeKernels:
         self.rms_norm_f32_packed = _entry(library.pd_rms_norm_f32_packed, [_ptr, _f32])
         self.set_rows_f32_packed = _entry(library.pd_set_rows_f32_packed, [_ptr], _int)
         self.mul_mat_int16_packed = _entry(library.pd_mul_mat_int16_packed, [_ptr], _int)
+        self.mul_mat_interleaved_packed = _entry(library.pd_mul_mat_interleaved_packed, [_ptr],
+                                                 _int)
+        self.interleave = _entry(library.pd_interleave,
+                                 [_int, _ptr, _i64, _i64, _i64, _ptr, _int], _int)
+        self.interleaved_bytes = _entry(library.pd_interleaved_bytes, [_int, _i64, _i64], _i64)
         self.swiglu_f32_packed = _entry(library.pd_swiglu_f32_packed, [_ptr])
         self.get_rows_f32 = _entry(library.pd_get_rows_f32,
                                    [_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64], _i64)

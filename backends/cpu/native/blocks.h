@@ -43,6 +43,14 @@ static inline int block_values(int type) {
     return 0;
 }
 
+/* bytes per block of `type`, 0 for a type the kernels do not read */
+static inline int block_bytes(int type) {
+#define PD_CASE(TYPE, name, id, values, bytes, has_min) case T_##TYPE: return bytes;
+    switch (type) { PD_BLOCK_TYPES(PD_CASE) }
+#undef PD_CASE
+    return 0;
+}
+
 /* the packed entry points' arguments: pointer i of the int64 array a */
 #define P_PTR(i) ((const uint8_t *)(intptr_t)a[i])
 

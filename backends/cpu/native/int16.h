@@ -146,6 +146,11 @@ static inline float hmax(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
+/* room for n_rows activation rows of K values with a scale per `group`; its q is 0 where
+ * there was no memory (then nothing is held) */
+int16_rows int16_rows_new(int64_t K, int64_t n_rows, int64_t group);
+void int16_rows_free(int16_rows *a);
+
 /* the activation rows of `a` (n_rows of K from x) as int16 groups (int_dot.c) */
 void pd_quantize_rows_int16(const float *x, int64_t x_stride, int16_rows *a, int n_threads);
 

@@ -55,6 +55,20 @@ static inline void quantize_group(const float *x, int64_t n, int16_t *q, float *
     *e = amax / 32767.0f;
 }
 
+int16_rows int16_rows_new(int64_t K, int64_t n_rows, int64_t group) {
+    int16_rows a = {malloc(sizeof(int16_t) * n_rows * K), malloc(sizeof(float) * n_rows * (K / group)),
+                    malloc(sizeof(float) * n_rows * (K / QK)), K, n_rows, group};
+    if (!a.q || !a.e || !a.sums) int16_rows_free(&a);
+    return a;
+}
+
+void int16_rows_free(int16_rows *a) {
+    free(a->q);
+    free(a->e);
+    free(a->sums);
+    a->q = 0, a->e = a->sums = 0;
+}
+
 void pd_quantize_rows_int16(const float *x, int64_t x_stride, int16_rows *a, int n_threads) {
     const int64_t ne = a->K / a->group, ns = a->K / 32;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && a->n_rows >= 8)
@@ -214,11 +228,9 @@ int pd_mul_mat_int16(int type, const uint8_t *w, int64_t w_stride, int64_t M, in
 #ifdef INT16_KERNELS
     int16_kernel kernel = int16_kernel_of(type);
     if (!kernel) return 1;
-    const int64_t group = block_values(type);       /* one activation scale per block */
-    int16_rows a = {malloc(sizeof(int16_t) * n_rows * K), malloc(sizeof(float) * n_rows * (K / group)),
-                    malloc(sizeof(float) * n_rows * (K / QK)), K, n_rows, group};
+    int16_rows a = int16_rows_new(K, n_rows, block_values(type));  /* a scale per block */
     int status = 2;
-    if (a.q && a.e && a.sums) {
+    if (a.q) {
         pd_quantize_rows_int16(x, x_stride, &a, n_threads);
         /* many rows: the GEMM unpacks each weight block once for all of them */
         status = n_rows >= GEMM_ROWS ? pd_gemm_int16(type, w, w_stride, M, &a, y, y_stride,
@@ -234,9 +246,7 @@ int pd_mul_mat_int16(int type, const uint8_t *w, int64_t w_stride, int64_t M, in
             status = 0;
         }
     }
-    free(a.q);
-    free(a.e);
-    free(a.sums);
+    int16_rows_free(&a);
     return status;
 #else
     (void)type, (void)w, (void)w_stride, (void)M, (void)K, (void)x, (void)x_stride;

@@ -1,0 +1,427 @@
+/* Weights with 16 rows interleaved, for the int16 products of a few activation rows (decode).
+ *
+ * In a weight's own layout each row's blocks are contiguous, so a mat-vec multiplies one row
+ * at a time: its int16 sums spread over vector lanes that must be added across, and every
+ * 32-value group pays for its own sub-block scale (a multiply per weight) and its block's
+ * float epilogue. Here rows 16 G .. 16 G + 15 are interleaved value pair by value pair: one
+ * 32-byte chunk holds two consecutive values of each of the 16 rows, so a vpdpwssd of the
+ * chunk (widened to int16) with the activation pair broadcast adds one product pair to each
+ * row's own int32 lane. A row's sub-block scale then applies to its lane once per 32 values,
+ * the block's scales to 16 rows at once, and the 16 results are stored without a horizontal
+ * sum: about 2.5 vector operations per 32 weights where the row-by-row kernels need 7, which
+ * turns a decode step's products from compute-bound into memory-bound.
+ *
+ * The layout, per group of 16 rows and per block (bytes; r the row in the group, i 0 or 1):
+ *   Q4_K  d[16] dmin[16] (fp16), scale[8][16] min[8][16] (the 6-bit values as bytes), then
+ *         per sub-block g and chunk j (0-7) 32 bytes: byte 2 r + i = value 32 g + 2 j + i in
+ *         the low nibble, value 32 g + 16 + 2 j + i in the high one             2368 (2304)
+ *   Q5_K  as Q4_K, each sub-block's 256 bytes followed by two 32-bit masks per chunk: bit
+ *         2 r + i of the first is the fifth bit of the low nibble's value, of the second the
+ *         high one's (the masks beside their nibbles: at the block's end, a decode step read
+ *         memory at half the speed)                                                2880 (2816)
+ *   Q6_K  d[16], scale[16][16] (int8), then per sub-block g of 32 values 256 bytes of
+ *         nibbles as Q4_K's (the values' low 4 bits) and 4 of 32 bytes of high bits: byte
+ *         2 r + i of vector c holds the top 2 bits of chunk c's two values in bits 0-3 and of
+ *         chunk c + 4's in bits 4-7                                               3360 (3360)
+ *   Q4_0  d[16], then per chunk j (0-7): byte 2 r + i = values 2 j + i (low nibble) and
+ *         16 + 2 j + i (high)                                                      288 (288)
+ *   Q8_0  d[16], then per chunk j (0-15): byte 2 r + i = value 2 j + i             544 (544)
+ * (in brackets: the 16 rows' bytes in their own layout). Built on AVX-512 BW with VNNI only:
+ * the 16 int32 lanes of one register are the 16 rows. Activations are those of int_dot.c
+ * (int16 with one scale per block), so the results equal its results up to float32 rounding.
+ */
+#include "int16.h"
+
+#if defined(INT16_KERNELS) && IVEC == 32
+#define INTERLEAVED_KERNELS 1
+
+#define ROWS16 16
+
+/* bytes of one group's block, and the header before its values */
+#define Q4_K_X16 2368
+#define Q5_K_X16 2880
+#define Q6_K_X16 3360
+#define Q4_0_X16 288
+#define Q8_0_X16 544
+#define K4_HEADER 320
+
+/* bytes of one sub-block's values (Q5_K: its nibbles, then its masks) */
+static inline int k4_group_bytes(int type) { return type == T_Q5_K ? 320 : 256; }
+
+static int64_t group_block_bytes(int type) {
+    switch (type) {
+    case T_Q4_K: return Q4_K_X16;
+    case T_Q5_K: return Q5_K_X16;
+    case T_Q6_K: return Q6_K_X16;
+    case T_Q4_0: return Q4_0_X16;
+    case T_Q8_0: return Q8_0_X16;
+    default: return 0;
+    }
+}
+
+/* --- interleaving ------------------------------------------------------------------------- */
+
+/* byte 2 r + i of chunk j of a 32-value group whose values (as small integers) are v[32]:
+ * the pair 2 j + i in the low nibble and 16 + 2 j + i in the high one */
+static void put_nibble_chunks(uint8_t *out, int r, const uint8_t *v) {
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 2; i++)
+            out[32 * j + 2 * r + i] = (uint8_t)((v[2 * j + i] & 0xF) | (v[16 + 2 * j + i] << 4));
+}
+
+/* the values of sub-block g of a Q4_K or Q5_K block (Q5_K with their fifth bits) */
+static void k4_group_values(const uint8_t *blk, int type, int g, uint8_t *v) {
+    const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16) + 32 * (g >> 1);
+    for (int l = 0; l < 32; l++) {
+        v[l] = (qs[l] >> (4 * (g & 1))) & 0xF;
+        if (type == T_Q5_K) v[l] |= ((blk[16 + l] >> g) & 1) << 4;
+    }
+}
+
+static void interleave_k4(int type, const uint8_t *src[ROWS16], uint8_t *o) {
+    for (int r = 0; r < ROWS16; r++) {
+        const uint8_t *blk = src[r];
+        memcpy(o + 2 * r, blk, 2);
+        memcpy(o + 32 + 2 * r, blk + 2, 2);
+        for (int g = 0; g < 8; g++) {
+            uint8_t v[32];
+            scale_min_k4(g, blk + 4, o + 64 + 16 * g + r, o + 192 + 16 * g + r);
+            k4_group_values(blk, type, g, v);
+            put_nibble_chunks(o + K4_HEADER + k4_group_bytes(type) * g, r, v);
+            if (type != T_Q5_K) continue;
+            uint32_t *masks = (uint32_t *)(o + K4_HEADER + k4_group_bytes(type) * g + 256);
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 2; i++) {
+                    uint32_t bit = 1u << (2 * r + i);
+                    if (v[2 * j + i] & 16) masks[2 * j] |= bit;
+                    if (v[16 + 2 * j + i] & 16) masks[2 * j + 1] |= bit;
+                }
+        }
+    }
+}
+
+/* a Q6_K block's 256 values as unsigned 6-bit integers (ggml's dequantize_row_q6_K order) */
+static void q6_k_values(const uint8_t *blk, uint8_t *v) {
+    for (int n = 0; n < 2; n++) {
+        const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+        for (int l = 0; l < 32; l++) {
+            v[128 * n + l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+            v[128 * n + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            v[128 * n + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            v[128 * n + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+}
+
+static void interleave_q6_k(const uint8_t *src[ROWS16], uint8_t *o) {
+    for (int r = 0; r < ROWS16; r++) {
+        const uint8_t *blk = src[r];
+        uint8_t v[QK_K];
+        memcpy(o + 2 * r, blk + 208, 2);
+        for (int s = 0; s < 16; s++) o[32 + 16 * s + r] = blk[192 + s];
+        q6_k_values(blk, v);
+        for (int g = 0; g < 8; g++) {
+            uint8_t *q = o + 288 + 384 * g;
+            const uint8_t *vg = v + 32 * g;
+            put_nibble_chunks(q, r, vg);
+            for (int c = 0; c < 4; c++)
+                for (int i = 0; i < 2; i++)
+                    q[256 + 32 * c + 2 * r + i] = (uint8_t)(
+                        (vg[2 * c + i] >> 4) | (vg[16 + 2 * c + i] >> 4) << 2
+                        | (vg[8 + 2 * c + i] >> 4) << 4 | (vg[24 + 2 * c + i] >> 4) << 6);
+        }
+    }
+}
+
+static void interleave_32(int type, const uint8_t *src[ROWS16], uint8_t *o) {
+    for (int r = 0; r < ROWS16; r++) {
+        const uint8_t *blk = src[r];
+        memcpy(o + 2 * r, blk, 2);
+        if (type == T_Q8_0) {
+            for (int l = 0; l < 32; l++) o[32 + 32 * (l / 2) + 2 * r + (l & 1)] = blk[2 + l];
+        } else {                                             /* Q4_0: values as ggml orders them */
+            uint8_t v[32];
+            for (int l = 0; l < 16; l++) v[l] = blk[2 + l] & 0xF, v[16 + l] = blk[2 + l] >> 4;
+            put_nibble_chunks(o + 32, r, v);
+        }
+    }
+}
+
+/* --- the products ------------------------------------------------------------------------- */
+
+/* acc + the product pairs of w's 16 rows with the pair of activations at x (broadcast) */
+static inline __attribute__((always_inline)) __m512i dp_pair(__m512i acc, __m512i w,
+                                                             const int16_t *x) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x));
+    return acc;
+}
+
+static inline __m512i widen_u8(const uint8_t *p) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* what a kernel of one group needs of ROWS activation rows from r0 on */
+typedef struct {
+    const int16_t *x[4];     /* each row's int16 values */
+    const float *e[4];       /* each row's scale per block */
+    const float *sums[4];    /* each row's float sum per 32 values */
+} act_rows;
+
+static inline __attribute__((always_inline)) act_rows act_rows_at(const int16_rows *a,
+                                                                  int64_t r0, int ROWS) {
+    act_rows t;
+    const int64_t ne = a->K / a->group, ns = a->K / 32;
+    for (int r = 0; r < ROWS; r++) {
+        t.x[r] = a->q + (r0 + r) * a->K;
+        t.e[r] = a->e + (r0 + r) * ne;
+        t.sums[r] = a->sums + (r0 + r) * ns;
+    }
+    return t;
+}
+
+/* Q4_K and Q5_K: each sub-block's int32 sums times its scale (at most 32 * 31 * 32767 * 63,
+ * below 2^31) in float, then the block's d e; the minimums' term in float as in int_dot.c */
+static inline __attribute__((always_inline)) void group_k4(
+        int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
+        int64_t y_stride) {
+    const int CHAINS = ROWS == 1 ? 2 : 1;        /* one row: two chains of dependent sums */
+    const __m512i low = _mm512_set1_epi16(0xF), sixteen = _mm512_set1_epi16(16);
+    __m512 acc[4], shift[4];
+    for (int r = 0; r < ROWS; r++) acc[r] = shift[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
+        __m512 blk[4], mins[4];
+        for (int r = 0; r < ROWS; r++) blk[r] = mins[r] = _mm512_setzero_ps();
+        for (int g = 0; g < 8; g++) {
+            __m512i s[4][2];
+            for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
+            const uint8_t *q = p + K4_HEADER + k4_group_bytes(type) * g;
+            const uint32_t *masks = (const uint32_t *)(q + 256);
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < 8; j++) {
+                __m512i v = widen_u8(q + 32 * j);
+                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_srli_epi16(v, 4);
+                if (type == T_Q5_K) {
+                    lo = _mm512_mask_add_epi16(lo, (__mmask32)masks[2 * j], lo, sixteen);
+                    hi = _mm512_mask_add_epi16(hi, (__mmask32)masks[2 * j + 1], hi, sixteen);
+                }
+                for (int r = 0; r < ROWS; r++) {
+                    const int16_t *x = t.x[r] + QK_K * b + 32 * g + 2 * j;
+                    s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], lo, x);
+                    s[r][(j + 1) % CHAINS] = dp_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
+                }
+            }
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * g)));
+            __m512 mn = _mm512_cvtepi32_ps(
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 192 + 16 * g))));
+            for (int r = 0; r < ROWS; r++) {
+                __m512i sum = CHAINS == 2 ? _mm512_add_epi32(s[r][0], s[r][1]) : s[r][0];
+                blk[r] = _mm512_add_ps(blk[r], _mm512_cvtepi32_ps(_mm512_mullo_epi32(sum, sc)));
+                mins[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(t.sums[r][8 * b + g]), mins[r]);
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        for (int r = 0; r < ROWS; r++) {
+            acc[r] = _mm512_fmadd_ps(blk[r], _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
+            shift[r] = _mm512_fmadd_ps(mins[r], dmin, shift[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        _mm512_storeu_ps(y + r * y_stride, _mm512_sub_ps(acc[r], shift[r]));
+}
+
+/* Q6_K: each 16 values' int32 sums (at most 16 * 32 * 32767 * 128, below 2^31) times their
+ * int8 scale, in float, then the block's d e */
+static inline __attribute__((always_inline)) void group_q6_k(
+        int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
+        int64_t y_stride) {
+    (void)type;
+    const __m512i low = _mm512_set1_epi16(0xF), top = _mm512_set1_epi16(0x30);
+    const __m512i offset = _mm512_set1_epi16(32);
+    __m512 acc[4];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += Q6_K_X16) {
+        __m512 blk[4];
+        for (int r = 0; r < ROWS; r++) blk[r] = _mm512_setzero_ps();
+        for (int g = 0; g < 8; g++) {
+            __m512i s[4][2];
+            for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
+            const uint8_t *q = p + 288 + 384 * g;
+            _Pragma("GCC unroll 4")
+            for (int c = 0; c < 4; c++) {
+                __m512i h = widen_u8(q + 256 + 32 * c);
+                _Pragma("GCC unroll 2")
+                for (int half = 0; half < 2; half++) {
+                    const int j = c + 4 * half;
+                    __m512i v = widen_u8(q + 32 * j), hh = half ? _mm512_srli_epi16(h, 4) : h;
+                    __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low),
+                                                 _mm512_and_si512(_mm512_slli_epi16(hh, 4), top));
+                    __m512i hi = _mm512_or_si512(_mm512_srli_epi16(v, 4),
+                                                 _mm512_and_si512(_mm512_slli_epi16(hh, 2), top));
+                    lo = _mm512_sub_epi16(lo, offset);
+                    hi = _mm512_sub_epi16(hi, offset);
+                    for (int r = 0; r < ROWS; r++) {
+                        const int16_t *x = t.x[r] + QK_K * b + 32 * g + 2 * j;
+                        s[r][0] = dp_pair(s[r][0], lo, x);
+                        s[r][1] = dp_pair(s[r][1], hi, x + 16);
+                    }
+                }
+            }
+            __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 32 * g)));
+            __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 48 + 32 * g)));
+            for (int r = 0; r < ROWS; r++)
+                blk[r] = _mm512_add_ps(blk[r], _mm512_add_ps(
+                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][0], sc0)),
+                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][1], sc1))));
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        for (int r = 0; r < ROWS; r++)
+            acc[r] = _mm512_fmadd_ps(blk[r], _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
+    }
+    for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
+}
+
+/* Q4_0 and Q8_0: one block's int32 sums (at most 32 * 128 * 32767) times d e in float */
+static inline __attribute__((always_inline)) void group_32(
+        int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
+        int64_t y_stride) {
+    const int CHAINS = ROWS == 1 ? 2 : 1;
+    const __m512i low = _mm512_set1_epi16(0xF), eight = _mm512_set1_epi16(8);
+    __m512 acc[4];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
+        __m512i s[4][2];
+        for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
+        if (type == T_Q8_0) {
+            _Pragma("GCC unroll 16")
+            for (int j = 0; j < 16; j++) {
+                __m512i v = _mm512_cvtepi8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j)));
+                for (int r = 0; r < ROWS; r++)
+                    s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], v, t.x[r] + QK * b + 2 * j);
+            }
+        } else {
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < 8; j++) {
+                __m512i v = widen_u8(p + 32 + 32 * j);
+                __m512i lo = _mm512_sub_epi16(_mm512_and_si512(v, low), eight);
+                __m512i hi = _mm512_sub_epi16(_mm512_srli_epi16(v, 4), eight);
+                for (int r = 0; r < ROWS; r++) {
+                    const int16_t *x = t.x[r] + QK * b + 2 * j;
+                    s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], lo, x);
+                    s[r][(j + 1) % CHAINS] = dp_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
+                }
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        for (int r = 0; r < ROWS; r++) {
+            __m512i sum = CHAINS == 2 ? _mm512_add_epi32(s[r][0], s[r][1]) : s[r][0];
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                     _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
+}
+
+/* group G's 16 results for the activation rows from r0 on, ROWS (1 or 4) at a time */
+#define GROUP_KERNEL(NAME, BODY, TYPE)                                                      \
+static void NAME(const uint8_t *p, int64_t G, const int16_rows *a, float *y,               \
+                 int64_t y_stride) {                                                        \
+    const int64_t nb = a->K / block_values(TYPE);                                           \
+    const uint8_t *group = p + G * nb * group_block_bytes(TYPE);                            \
+    int64_t r0 = 0;                                                                         \
+    for (; r0 + 4 <= a->n_rows; r0 += 4)                                                    \
+        BODY(TYPE, group, nb, act_rows_at(a, r0, 4), 4, y + r0 * y_stride + ROWS16 * G,     \
+             y_stride);                                                                     \
+    for (; r0 < a->n_rows; r0++)                                                            \
+        BODY(TYPE, group, nb, act_rows_at(a, r0, 1), 1, y + r0 * y_stride + ROWS16 * G,     \
+             y_stride);                                                                     \
+}
+
+GROUP_KERNEL(x16_q4_k, group_k4, T_Q4_K)
+GROUP_KERNEL(x16_q5_k, group_k4, T_Q5_K)
+GROUP_KERNEL(x16_q6_k, group_q6_k, T_Q6_K)
+GROUP_KERNEL(x16_q4_0, group_32, T_Q4_0)
+GROUP_KERNEL(x16_q8_0, group_32, T_Q8_0)
+
+typedef void (*group_kernel)(const uint8_t *, int64_t, const int16_rows *, float *, int64_t);
+
+static group_kernel group_kernel_of(int type) {
+    switch (type) {
+    case T_Q4_K: return x16_q4_k;
+    case T_Q5_K: return x16_q5_k;
+    case T_Q6_K: return x16_q6_k;
+    case T_Q4_0: return x16_q4_0;
+    case T_Q8_0: return x16_q8_0;
+    default: return 0;
+    }
+}
+#endif
+
+/* Bytes of the interleaved copy of an M x K weight of `type`, or 0 where this build has no
+ * interleaved kernel for it (no AVX-512 VNNI, another type, or M not a multiple of 16). */
+int64_t pd_interleaved_bytes(int type, int64_t M, int64_t K) {
+#ifdef INTERLEAVED_KERNELS
+    const int64_t bytes = group_block_bytes(type);
+    if (!bytes || M % ROWS16 || K % block_values(type)) return 0;
+    return M / ROWS16 * (K / block_values(type)) * bytes;
+#else
+    (void)type, (void)M, (void)K;
+    return 0;
+#endif
+}
+
+/* out = the M x K weight w (rows w_stride bytes apart) interleaved; out holds
+ * pd_interleaved_bytes(type, M, K) bytes. Returns 0, or 1 where that is 0. */
+int pd_interleave(int type, const uint8_t *w, int64_t w_stride, int64_t M, int64_t K,
+                  uint8_t *out, int n_threads) {
+#ifdef INTERLEAVED_KERNELS
+    const int64_t bytes = group_block_bytes(type);
+    if (!pd_interleaved_bytes(type, M, K)) return 1;
+    const int64_t nb = K / block_values(type), row_block = block_bytes(type);
+    memset(out, 0, (size_t)pd_interleaved_bytes(type, M, K));   /* Q5_K's masks are or-ed in */
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int64_t G = 0; G < M / ROWS16; G++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *src[ROWS16];
+            for (int r = 0; r < ROWS16; r++)
+                src[r] = w + (G * ROWS16 + r) * w_stride + b * row_block;
+            uint8_t *o = out + (G * nb + b) * bytes;
+            if (type == T_Q4_K || type == T_Q5_K) interleave_k4(type, src, o);
+            else if (type == T_Q6_K) interleave_q6_k(src, o);
+            else interleave_32(type, src, o);
+        }
+    return 0;
+#else
+    (void)type, (void)w, (void)w_stride, (void)M, (void)K, (void)out, (void)n_threads;
+    return 1;
+#endif
+}
+
+/* y[r, i] = sum_k W[i, k] x[r, k] with W interleaved (pd_interleave) and x quantized to int16
+ * as pd_mul_mat_int16 does. Returns 0, 1 where the type has no interleaved kernel, or 2 when
+ * the scratch memory could not be had (nothing written either way). */
+int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, const float *x,
+                           int64_t x_stride, int64_t n_rows, float *y, int64_t y_stride,
+                           int n_threads) {
+#ifdef INTERLEAVED_KERNELS
+    group_kernel kernel = group_kernel_of(type);
+    if (!kernel || !pd_interleaved_bytes(type, M, K)) return 1;
+    int16_rows a = int16_rows_new(K, n_rows, block_values(type));
+    if (!a.q) return 2;
+    pd_quantize_rows_int16(x, x_stride, &a, n_threads);
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int64_t G = 0; G < M / ROWS16; G++) kernel(p, G, &a, y, y_stride);
+    int16_rows_free(&a);
+    return 0;
+#else
+    (void)type, (void)p, (void)M, (void)K, (void)x, (void)x_stride, (void)n_rows, (void)y;
+    (void)y_stride, (void)n_threads;
+    return 1;
+#endif
+}
+
+int pd_mul_mat_interleaved_packed(const int64_t *a) {
+    return pd_mul_mat_interleaved((int)a[0], P_PTR(1), a[2], a[3], (const float *)(intptr_t)a[4],
+                                  a[5], a[6], (float *)(intptr_t)a[7], a[8], (int)a[9]);
+}

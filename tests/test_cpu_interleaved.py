@@ -1,0 +1,150 @@
+"""The CPU backend's products from weights with 16 rows interleaved (native/interleaved.c):
+a weights buffer's quantized matrix multiplied by a few activation rows under fast numerics
+gives the row-by-row int16 kernels' results, within the int16 activations' rounding of
+float64, and follows a rewrite of the weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polydev
+from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, dequantize, ops
+from polydev.buffer import BufferUsage
+from polydev.backends.cpu.native import kernels
+
+from test_cpu_native import int16_error_bound
+from test_ops import f32, random_blocks
+
+INTERLEAVED_TYPES = [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+
+
+def _interleaved_bytes(qtype: GGMLType, m: int, k: int) -> int:
+    lib = kernels()
+    return 0 if lib is None else lib.interleaved_bytes(int(qtype), m, k)
+
+
+pytestmark = pytest.mark.skipif(
+    _interleaved_bytes(GGMLType.Q4_K, 16, 256) == 0,
+    reason="this build of the CPU kernels has no interleaved products (they need AVX-512 VNNI)")
+
+
+class WeightProduct:
+    """x W^T on a CPU backend, W (raw rows of ``qtype``) in a buffer of weights that can be
+    rewritten, x in a compute buffer; one graph, computed again for each x."""
+
+    def __init__(self, backend, raw: np.ndarray, qtype: GGMLType, n_rows: int) -> None:
+        m, k = raw.shape[0], raw.shape[1] // qtype.traits.type_size * qtype.traits.block_size
+        self.backend = backend
+        wctx, ctx = Context(), Context()
+        self.w = wctx.new_tensor_2d(qtype, k, m, name="w")
+        self.x = ctx.new_tensor_2d(GGMLType.F32, k, n_rows, name="x")
+        self.out = ops.mul_mat(ctx, self.w, self.x)
+        self.graph = build_graph(self.out)
+        self.wbuf = alloc_ctx_tensors(wctx, backend)
+        self.wbuf.usage = BufferUsage.WEIGHTS
+        self.buf = alloc_ctx_tensors(ctx, backend)
+        self.w.set_data(raw)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.x.set_data(x)
+        self.backend.graph_compute(self.graph)
+        return self.out.numpy().reshape(x.shape[0], -1)
+
+    def close(self) -> None:
+        self.buf.close()
+        self.wbuf.close()
+
+
+@pytest.fixture
+def fast_cpu():
+    with polydev.init_backend("CPU") as b:
+        assert b.numerics == "fast"
+        yield b
+
+
+def _row_by_row(backend, raw, qtype, x):
+    """The same product with the weight in a compute buffer: the row-by-row int16 kernels."""
+    ctx = Context()
+    w = ctx.new_tensor_2d(qtype, x.shape[1], raw.shape[0])
+    xt = ctx.new_tensor_2d(GGMLType.F32, x.shape[1], x.shape[0])
+    out = ops.mul_mat(ctx, w, xt)
+    with alloc_ctx_tensors(ctx, backend):
+        w.set_data(raw)
+        xt.set_data(x)
+        backend.graph_compute(build_graph(out))
+        return out.numpy().reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("qtype", INTERLEAVED_TYPES, ids=str)
+# 1: decode; 4 and 5: a tile of four rows, and one after it; 7: the most before the GEMM
+@pytest.mark.parametrize("n", [1, 4, 5, 7])
+def test_interleaved_product_is_the_row_by_row_product(fast_cpu, rng, qtype, n):
+    m, k = 48, 768                        # three groups of 16 rows; three 256-value blocks
+    raw = random_blocks(rng, qtype, m, k)
+    x = f32(rng, (n, k))
+    x[:, :qtype.traits.block_size] *= 1e-3      # a block of small values keeps its precision
+    product = WeightProduct(fast_cpu, raw, qtype, n)
+    try:
+        out = product(x)
+        cache = fast_cpu.device.weight_cache
+        assert cache.nbytes == _interleaved_bytes(qtype, m, k)     # the interleaved copy ran
+    finally:
+        product.close()
+    alone = _row_by_row(fast_cpu, raw, qtype, x)
+    np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5 * np.abs(alone).max())
+    w = dequantize(raw, qtype).reshape(m, k).astype(np.float64)
+    ref = x.astype(np.float64) @ w.T
+    assert np.all(np.abs(out - ref) <= int16_error_bound(x, w, qtype.traits.block_size))
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0], ids=str)
+def test_a_rewritten_weight_is_interleaved_again(fast_cpu, rng, qtype):
+    """The copy belongs to the buffer's contents: a plan bound before a rewrite multiplies
+    the new values."""
+    first, second = (random_blocks(rng, qtype, 32, 512) for _ in range(2))
+    x = f32(rng, (1, 512))
+    product = WeightProduct(fast_cpu, first, qtype, 1)
+    try:
+        before = product(x)
+        product.w.set_data(second)
+        after = product(x)
+    finally:
+        product.close()
+    for out, raw in ((before, first), (after, second)):
+        alone = _row_by_row(fast_cpu, raw, qtype, x)
+        np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5 * np.abs(alone).max())
+
+
+@pytest.mark.parametrize("m, numerics, rows", [(40, "fast", 1),      # not a multiple of 16
+                                               (32, "exact", 1),     # float32 products
+                                               (32, "fast", 8)])     # the GEMM's rows
+def test_where_it_does_not_apply_nothing_is_interleaved(rng, m, numerics, rows):
+    qtype = GGMLType.Q4_K
+    raw = random_blocks(rng, qtype, m, 256)
+    x = f32(rng, (rows, 256))
+    with polydev.init_backend("CPU") as backend:
+        backend.set_numerics(numerics)
+        product = WeightProduct(backend, raw, qtype, rows)
+        try:
+            out = product(x)
+            assert backend.device.weight_cache.nbytes == 0
+        finally:
+            product.close()
+        w = dequantize(raw, qtype).reshape(m, 256).astype(np.float64)
+        ref = x.astype(np.float64) @ w.T
+        assert np.all(np.abs(out - ref) <= int16_error_bound(x, w, 256))
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=str)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_interleaved_product_carries_non_finite_activations(fast_cpu, rng, qtype, bad):
+    raw = random_blocks(rng, qtype, 16, 512)
+    x = f32(rng, (2, 512))
+    x[1, 300] = bad
+    product = WeightProduct(fast_cpu, raw, qtype, 2)
+    try:
+        out = product(x)
+    finally:
+        product.close()
+    assert np.all(np.isfinite(out[0])) and not np.any(np.isfinite(out[1]))
