@@ -232,3 +232,36 @@ def test_backend_fallbacks_and_lifetime(cpu, rng):
     cpu.close()
     with pytest.raises(ClosedError):
         cpu.synchronize()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
+def test_dropped_pages_of_a_read_only_file_read_back_unchanged(cpu, tmp_path):
+    """What the CPU kernels do to a model file's weights once they hold a copy of their own:
+    the pages leave the process's memory and a later read gets the file's bytes."""
+    import mmap
+
+    data = np.random.default_rng(0).integers(0, 256, 3 * mmap.PAGESIZE + 100, dtype=np.uint8)
+    (tmp_path / "weights").write_bytes(data.tobytes())
+    with open(tmp_path / "weights", "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    with cpu.device.buffer_from_host_ptr(mapping) as buf:
+        assert np.array_equal(buf.host_array, data)       # resident
+        buf.drop_pages(10, data.size - 20)                # the whole pages inside
+        assert np.array_equal(buf.host_array, data)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
+def test_dropping_pages_leaves_memory_that_is_not_a_read_only_file_alone(cpu, tmp_path):
+    """Dropping the pages of private or anonymous memory would zero them or lose writes."""
+    import mmap
+
+    size = 3 * mmap.PAGESIZE
+    (tmp_path / "weights").write_bytes(bytes(size))
+    with open(tmp_path / "weights", "r+b") as f:
+        private = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)    # written, not saved
+    private[:] = b"\x07" * size
+    anonymous = np.full(size, 9, dtype=np.uint8)
+    for host, value in ((private, 7), (anonymous, 9)):
+        with cpu.device.buffer_from_host_ptr(host) as buf:
+            buf.drop_pages(0, size)
+            assert np.all(buf.host_array == value)

@@ -30,10 +30,24 @@ _LAZY_ZERO = sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
 class CPUBuffer(HostArrayBuffer):
     """Host memory the CPU computes on; freeing it drops its decoded weights from the cache."""
 
-    def __init__(self, buft: BufferType, array: np.ndarray,
-                 mapping: mmap.mmap | None = None) -> None:
+    def __init__(self, buft: BufferType, array: np.ndarray, mapping: mmap.mmap | None = None,
+                 read_only_file: mmap.mmap | None = None) -> None:
         super().__init__(buft, array)
         self._mapping = mapping          # the whole private anonymous mapping behind array
+        self._read_only_file = read_only_file     # or the read-only file mapping it wraps
+
+    def drop_pages(self, offset: int, nbytes: int) -> None:
+        """Let the OS take the whole pages of [offset, offset + nbytes) out of this process's
+        memory where they map a read-only file (a model's weights once the kernels have a copy
+        of their own, as llama.cpp unmaps what it copied): a later read brings them back from
+        the file unchanged. Other memory is left alone, since dropping its pages would lose
+        or zero them."""
+        if self._read_only_file is None or not _LAZY_ZERO:
+            return
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._read_only_file.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def _clear(self, value: int) -> None:
         if value == 0 and self._mapping is not None:
@@ -81,4 +95,7 @@ class CPUMappedBufferType(BufferType):
 
     def wrap(self, host: Any) -> Buffer:
         """A buffer over ``host`` (numpy array, memoryview, bytes, mmap) without copying."""
-        return CPUBuffer(self, wrap_host_memory(host))
+        read_only_file = None
+        if isinstance(host, mmap.mmap) and memoryview(host).readonly:    # ACCESS_READ: shared
+            read_only_file = host
+        return CPUBuffer(self, wrap_host_memory(host), read_only_file=read_only_file)

@@ -33,6 +33,7 @@ from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
+from .buffer import CPUBuffer
 from .native import kernels, pack
 
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
@@ -85,6 +86,8 @@ def _bind_interleaved(env, w: Tensor, x: np.ndarray, y: np.ndarray,
     def interleave() -> np.ndarray:
         out = np.empty(size, dtype=np.uint8)
         lib.interleave(type_id, rows.ctypes.data, w.nb[1], m, k, out.ctypes.data, n_threads)
+        if isinstance(w.buffer, CPUBuffer):       # a model file's pages: the copy replaces them
+            w.buffer.drop_pages(w.offset, w.nbytes)
         return out
 
     args = pack(type_id, 0, m, k, x.ctypes.data, x.strides[0] // 4, n_rows, y.ctypes.data,
