@@ -15,6 +15,7 @@ from polydev.buffer import BufferUsage
 from polydev.backends.cpu.matmul import BLOCK_PRODUCT_ROWS
 from polydev.backends.cpu.native import kernels
 
+from conftest import nmse
 from test_cpu_native import int16_error_bound
 from test_ops import f32, random_blocks
 
@@ -155,3 +156,33 @@ def test_interleaved_product_carries_non_finite_activations(fast_cpu, rng, qtype
     finally:
         product.close()
     assert np.all(np.isfinite(out[0])) and not np.any(np.isfinite(out[1]))
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=str)
+@pytest.mark.parametrize("n_tokens", [1, 40])            # a decode step; a prompt
+def test_mul_mat_id_multiplies_the_experts_interleaved_copy(fast_cpu, rng, qtype, n_tokens):
+    """The experts of a weights buffer are interleaved as one matrix (each expert's rows a
+    whole number of groups): every expert in use multiplies from its part of the copy."""
+    from test_ops_products import _mul_mat_id_ref, _routing
+
+    n_expert, m, k = 6, 32, 512
+    blocks = random_blocks(rng, qtype, n_expert * m, k)
+    ids = _routing(rng, n_tokens, 3, n_expert)
+    x = f32(rng, (1, n_tokens, 1, k))
+    wctx, ctx = Context(), Context()
+    experts = wctx.new_tensor(qtype, (k, m, n_expert), name="experts")
+    xt = ctx.new_tensor(GGMLType.F32, (k, 1, n_tokens))
+    it = ctx.new_tensor(GGMLType.I32, (3, n_tokens))
+    out = ops.mul_mat_id(ctx, experts, xt, it)
+    cache = fast_cpu.device.weight_cache
+    with alloc_ctx_tensors(wctx, fast_cpu) as wbuf, alloc_ctx_tensors(ctx, fast_cpu):
+        wbuf.usage = BufferUsage.WEIGHTS
+        experts.set_data(blocks)
+        xt.set_data(x)
+        it.set_data(ids)
+        fast_cpu.graph_compute(build_graph(out))
+        assert cache.nbytes == n_expert * _interleaved_bytes(qtype, m, k)
+        got = out.numpy()
+    w = dequantize(blocks, qtype).reshape(n_expert, m, k).astype(np.float64)
+    ref = _mul_mat_id_ref(w, x[0].astype(np.float64), ids)
+    assert nmse(got[0], ref) < 1e-8

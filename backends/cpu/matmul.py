@@ -68,39 +68,60 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
                         name)
 
 
-def _bind_interleaved(env, w: Tensor, x: np.ndarray, y: np.ndarray,
-                      name: str) -> Callable[[], None] | None:
-    """The product from ``w``'s copy with 16 rows interleaved (native/interleaved.c), made
-    once and kept in the weight cache; None where it does not apply: exact numerics, a weight
-    outside a weights buffer (its bytes may change under a bound plan), or a type and shape
-    this build has no interleaved kernel for."""
+def interleaved_copy(env, w: Tensor) -> Callable[[], np.ndarray] | None:
+    """The getter of ``w``'s copy with 16 rows interleaved (native/interleaved.c; its matrices
+    one after the other), made on first use and kept in the weight cache; None where there is
+    none: exact numerics, a weight outside a weights buffer (its bytes may change under a
+    bound plan), or a type and shape this build has no interleaved kernel for. Ask it on every
+    call: a copy the cache evicted, or one of a rewritten buffer, is made again, and what the
+    cache holds is what it counts."""
     lib = kernels()
-    type_id, m, k, n_rows = int(w.type), w.ne[1], w.ne[0], x.shape[0]
-    if env.numerics != "fast" or w.buffer is None or w.buffer.usage != BufferUsage.WEIGHTS:
+    type_id, k, rows_in_all = int(w.type), w.ne[0], w.ne[1] * w.ne[2]
+    if (env.numerics != "fast" or w.buffer is None or w.buffer.usage != BufferUsage.WEIGHTS
+            or w.ne[3] != 1 or w.nb[2] != w.ne[1] * w.nb[1]):
         return None
-    size = lib.interleaved_bytes(type_id, m, k)
+    size = lib.interleaved_bytes(type_id, w.ne[1], k) * w.ne[2]
     if not size:
         return None
     rows, cache, n_threads = env.rows(w), env.weight_cache, env.n_threads
 
     def interleave() -> np.ndarray:
         out = np.empty(size, dtype=np.uint8)
-        lib.interleave(type_id, rows.ctypes.data, w.nb[1], m, k, out.ctypes.data, n_threads)
+        lib.interleave(type_id, rows.ctypes.data, w.nb[1], rows_in_all, k, out.ctypes.data,
+                       n_threads)
         if isinstance(w.buffer, CPUBuffer):       # a model file's pages: the copy replaces them
             w.buffer.drop_pages(w.offset, w.nbytes)
         return out
+    return lambda: cache.get(w, interleave, "interleaved")
 
+
+def interleaved_product(env, type_id: int, m: int, k: int, x: np.ndarray, y: np.ndarray,
+                        name: str) -> tuple[Callable[[int], None], np.ndarray]:
+    """y = x W^T from an interleaved W of m x k values, bound but for W's address: a call
+    taking that address, and the packed arguments it reads (kept alive by the caller)."""
+    lib = kernels()
+    n_rows = x.shape[0]
     args = pack(type_id, 0, m, k, x.ctypes.data, x.strides[0] // 4, n_rows, y.ctypes.data,
-                y.strides[0] // 4, n_threads)
+                y.strides[0] // 4, env.n_threads)
     mul_mat, where = lib.mul_mat_interleaved_packed, args.ctypes.data
 
-    def from_interleaved() -> None:
-        # from the cache on every call: a copy it evicted, or one of a rewritten buffer, is
-        # made again, and what it holds is what it counts
-        args[1] = cache.get(w, interleave, "interleaved").ctypes.data
+    def multiply(w_ptr: int) -> None:
+        args[1] = w_ptr
         if mul_mat(where) != 0:
             raise AllocationError(f"{name}: no memory for the int16 copy of {n_rows} x {k} "
                                   f"activations")
+    return multiply, args
+
+
+def _bind_interleaved(env, w: Tensor, x: np.ndarray, y: np.ndarray,
+                      name: str) -> Callable[[], None] | None:
+    copy = interleaved_copy(env, w)
+    if copy is None:
+        return None
+    multiply, args = interleaved_product(env, int(w.type), w.ne[1], w.ne[0], x, y, name)
+
+    def from_interleaved() -> None:
+        multiply(copy().ctypes.data)
     from_interleaved.keep_alive = args
     return from_interleaved
 

@@ -4,7 +4,8 @@ The array kernel decodes every expert's matrix to float32 (the weight cache: fou
 times the bytes of the blocks, for experts most tokens never use) and multiplies through
 BLAS. Here the (token, slot) pairs are grouped by expert as there, and each expert in use
 multiplies the rows routed to it straight from its own blocks, by the kernel MUL_MAT would
-choose for that many rows (matmul.bind_product): integer products under numerics="fast".
+choose for that many rows (matmul.bind_product): integer products under numerics="fast",
+from the experts' interleaved copy where the build has one (matmul.interleaved_copy).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from polydev.backends.array.mul_mat_id import expert_groups
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .matmul import bind_product
+from .matmul import bind_product, interleaved_copy, interleaved_product
 from .native import kernels
 
 
@@ -47,6 +48,16 @@ def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
     b_row = (np.arange(n_tokens)[:, None] * n_b + np.arange(n_used)[None, :] % n_b).reshape(-1)
     rows = b.reshape(-1, k)
     name = f"MUL_MAT_ID {node.name or '<unnamed>'}"
+    copy = interleaved_copy(env, as_t)
+    expert_bytes = kernels().interleaved_bytes(int(as_t.type), m, k)
+
+    def product(expert: int, x: np.ndarray, y: np.ndarray) -> None:
+        if copy is not None:
+            multiply, _ = interleaved_product(env, int(as_t.type), m, k, x, y, name)
+            multiply(copy().ctypes.data + expert * expert_bytes)
+        else:
+            bind_product(env, int(as_t.type), experts_base + expert * as_t.nb[2], as_t.nb[1],
+                         m, k, x, y, name)()
 
     def run() -> None:
         experts = ids.reshape(-1)
@@ -54,7 +65,6 @@ def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
         for expert, pairs in expert_groups(np, experts):
             x = np.ascontiguousarray(rows[b_row[pairs]])
             y = np.empty((len(pairs), m), dtype=np.float32)
-            bind_product(env, int(as_t.type), experts_base + expert * as_t.nb[2], as_t.nb[1],
-                         m, k, x, y, name)()
+            product(expert, x, y)
             d[pairs] = y
     return run
