@@ -19,7 +19,8 @@ from conftest import nmse
 from test_cpu_native import int16_error_bound
 from test_ops import f32, random_blocks
 
-INTERLEAVED_TYPES = [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+INTERLEAVED_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 
 
 def _interleaved_bytes(qtype: GGMLType, m: int, k: int) -> int:

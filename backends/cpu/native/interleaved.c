@@ -25,6 +25,9 @@
  *         chunk c + 4's in bits 4-7                                               3360 (3360)
  *   Q4_0  d[16], then per chunk j (0-7): byte 2 r + i = values 2 j + i (low nibble) and
  *         16 + 2 j + i (high)                                                      288 (288)
+ *   Q4_1  d[16] m[16], then Q4_0's chunks                                         320 (320)
+ *   Q5_0  d[16], Q4_0's chunks, then two 32-bit masks per chunk as Q5_K's         352 (352)
+ *   Q5_1  d[16] m[16], then Q5_0's chunks and masks                               384 (384)
  *   Q8_0  d[16], then per chunk j (0-15): byte 2 r + i = value 2 j + i             544 (544)
  * (in brackets: the 16 rows' bytes in their own layout). Built on AVX-512 BW with VNNI only:
  * the 16 int32 lanes of one register are the 16 rows. Activations are those of int_dot.c
@@ -42,6 +45,9 @@
 #define Q5_K_X16 2880
 #define Q6_K_X16 3360
 #define Q4_0_X16 288
+#define Q4_1_X16 320
+#define Q5_0_X16 352
+#define Q5_1_X16 384
 #define Q8_0_X16 544
 #define K4_HEADER 320
 
@@ -54,6 +60,9 @@ static int64_t group_block_bytes(int type) {
     case T_Q5_K: return Q5_K_X16;
     case T_Q6_K: return Q6_K_X16;
     case T_Q4_0: return Q4_0_X16;
+    case T_Q4_1: return Q4_1_X16;
+    case T_Q5_0: return Q5_0_X16;
+    case T_Q5_1: return Q5_1_X16;
     case T_Q8_0: return Q8_0_X16;
     default: return 0;
     }
@@ -67,6 +76,15 @@ static void put_nibble_chunks(uint8_t *out, int r, const uint8_t *v) {
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 2; i++)
             out[32 * j + 2 * r + i] = (uint8_t)((v[2 * j + i] & 0xF) | (v[16 + 2 * j + i] << 4));
+}
+
+/* bytes 2 r + i of chunk j's two masks: the fifth bits of values 2 j + i and 16 + 2 j + i */
+static void put_fifth_bits(uint32_t *masks, int r, const uint8_t *v) {
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 2; i++) {
+            if (v[2 * j + i] & 16) masks[2 * j] |= 1u << (2 * r + i);
+            if (v[16 + 2 * j + i] & 16) masks[2 * j + 1] |= 1u << (2 * r + i);
+        }
 }
 
 /* the values of sub-block g of a Q4_K or Q5_K block (Q5_K with their fifth bits) */
@@ -89,13 +107,7 @@ static void interleave_k4(int type, const uint8_t *src[ROWS16], uint8_t *o) {
             k4_group_values(blk, type, g, v);
             put_nibble_chunks(o + K4_HEADER + k4_group_bytes(type) * g, r, v);
             if (type != T_Q5_K) continue;
-            uint32_t *masks = (uint32_t *)(o + K4_HEADER + k4_group_bytes(type) * g + 256);
-            for (int j = 0; j < 8; j++)
-                for (int i = 0; i < 2; i++) {
-                    uint32_t bit = 1u << (2 * r + i);
-                    if (v[2 * j + i] & 16) masks[2 * j] |= bit;
-                    if (v[16 + 2 * j + i] & 16) masks[2 * j + 1] |= bit;
-                }
+            put_fifth_bits((uint32_t *)(o + K4_HEADER + k4_group_bytes(type) * g + 256), r, v);
         }
     }
 }
@@ -133,17 +145,35 @@ static void interleave_q6_k(const uint8_t *src[ROWS16], uint8_t *o) {
     }
 }
 
+/* the 32-value types: whether a block has a minimum m, fifth bits, and its values' offset */
+static inline int has_min_32(int type) { return type == T_Q4_1 || type == T_Q5_1; }
+static inline int has_fifth_32(int type) { return type == T_Q5_0 || type == T_Q5_1; }
+static inline int header_32(int type) { return has_min_32(type) ? 64 : 32; }
+
+
 static void interleave_32(int type, const uint8_t *src[ROWS16], uint8_t *o) {
+    const int header = header_32(type);
     for (int r = 0; r < ROWS16; r++) {
         const uint8_t *blk = src[r];
         memcpy(o + 2 * r, blk, 2);
+        if (has_min_32(type)) memcpy(o + 32 + 2 * r, blk + 2, 2);
         if (type == T_Q8_0) {
             for (int l = 0; l < 32; l++) o[32 + 32 * (l / 2) + 2 * r + (l & 1)] = blk[2 + l];
-        } else {                                             /* Q4_0: values as ggml orders them */
-            uint8_t v[32];
-            for (int l = 0; l < 16; l++) v[l] = blk[2 + l] & 0xF, v[16 + l] = blk[2 + l] >> 4;
-            put_nibble_chunks(o + 32, r, v);
+            continue;
         }
+        /* ggml's order: value l (< 16) is byte l's low nibble, 16 + l its high one; the fifth
+         * bit of value l is bit l of qh */
+        const int fifth = has_fifth_32(type);
+        const uint8_t *qs = blk + 2 + 2 * has_min_32(type) + 4 * fifth;
+        uint32_t qh = 0;
+        if (fifth) memcpy(&qh, blk + 2 + 2 * has_min_32(type), 4);
+        uint8_t v[32];
+        for (int l = 0; l < 16; l++) {
+            v[l] = (uint8_t)((qs[l] & 0xF) | ((qh >> l) & 1) << 4);
+            v[16 + l] = (uint8_t)((qs[l] >> 4) | ((qh >> (16 + l)) & 1) << 4);
+        }
+        put_nibble_chunks(o + header, r, v);
+        if (fifth) put_fifth_bits((uint32_t *)(o + header + 256), r, v);
     }
 }
 
@@ -281,12 +311,15 @@ static inline __attribute__((always_inline)) void group_q6_k(
     for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
 }
 
-/* Q4_0 and Q8_0: one block's int32 sums (at most 32 * 128 * 32767) times d e in float */
+/* the 32-value types: one block's int32 sums (at most 32 * 128 * 32767) times d e in float,
+ * plus m times the block's float activation sum where the type has a minimum */
 static inline __attribute__((always_inline)) void group_32(
         int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
         int64_t y_stride) {
     const int CHAINS = ROWS == 1 ? 2 : 1;
-    const __m512i low = _mm512_set1_epi16(0xF), eight = _mm512_set1_epi16(8);
+    const int header = header_32(type);
+    const __m512i low = _mm512_set1_epi16(0xF), sixteen = _mm512_set1_epi16(16);
+    const __m512i offset = _mm512_set1_epi16(type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0);
     __m512 acc[4];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
@@ -301,11 +334,19 @@ static inline __attribute__((always_inline)) void group_32(
                     s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], v, t.x[r] + QK * b + 2 * j);
             }
         } else {
+            const uint32_t *masks = (const uint32_t *)(p + header + 256);
             _Pragma("GCC unroll 8")
             for (int j = 0; j < 8; j++) {
-                __m512i v = widen_u8(p + 32 + 32 * j);
-                __m512i lo = _mm512_sub_epi16(_mm512_and_si512(v, low), eight);
-                __m512i hi = _mm512_sub_epi16(_mm512_srli_epi16(v, 4), eight);
+                __m512i v = widen_u8(p + header + 32 * j);
+                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_srli_epi16(v, 4);
+                if (has_fifth_32(type)) {
+                    lo = _mm512_mask_add_epi16(lo, (__mmask32)masks[2 * j], lo, sixteen);
+                    hi = _mm512_mask_add_epi16(hi, (__mmask32)masks[2 * j + 1], hi, sixteen);
+                }
+                if (!has_min_32(type)) {
+                    lo = _mm512_sub_epi16(lo, offset);
+                    hi = _mm512_sub_epi16(hi, offset);
+                }
                 for (int r = 0; r < ROWS; r++) {
                     const int16_t *x = t.x[r] + QK * b + 2 * j;
                     s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], lo, x);
@@ -314,10 +355,13 @@ static inline __attribute__((always_inline)) void group_32(
             }
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512 m = has_min_32(type) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)))
+                                    : _mm512_setzero_ps();
         for (int r = 0; r < ROWS; r++) {
             __m512i sum = CHAINS == 2 ? _mm512_add_epi32(s[r][0], s[r][1]) : s[r][0];
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
                                      _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
+            if (has_min_32(type)) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(t.sums[r][b]), acc[r]);
         }
     }
     for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
@@ -342,6 +386,9 @@ GROUP_KERNEL(x16_q4_k, group_k4, T_Q4_K)
 GROUP_KERNEL(x16_q5_k, group_k4, T_Q5_K)
 GROUP_KERNEL(x16_q6_k, group_q6_k, T_Q6_K)
 GROUP_KERNEL(x16_q4_0, group_32, T_Q4_0)
+GROUP_KERNEL(x16_q4_1, group_32, T_Q4_1)
+GROUP_KERNEL(x16_q5_0, group_32, T_Q5_0)
+GROUP_KERNEL(x16_q5_1, group_32, T_Q5_1)
 GROUP_KERNEL(x16_q8_0, group_32, T_Q8_0)
 
 typedef void (*group_kernel)(const uint8_t *, int64_t, const int16_rows *, float *, int64_t);
@@ -352,6 +399,9 @@ static group_kernel group_kernel_of(int type) {
     case T_Q5_K: return x16_q5_k;
     case T_Q6_K: return x16_q6_k;
     case T_Q4_0: return x16_q4_0;
+    case T_Q4_1: return x16_q4_1;
+    case T_Q5_0: return x16_q5_0;
+    case T_Q5_1: return x16_q5_1;
     case T_Q8_0: return x16_q8_0;
     default: return 0;
     }
