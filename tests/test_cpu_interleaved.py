@@ -187,3 +187,22 @@ def test_mul_mat_id_multiplies_the_experts_interleaved_copy(fast_cpu, rng, qtype
     w = dequantize(blocks, qtype).reshape(n_expert, m, k).astype(np.float64)
     ref = _mul_mat_id_ref(w, x[0].astype(np.float64), ids)
     assert nmse(got[0], ref) < 1e-8
+
+
+def test_a_weight_cache_too_small_for_the_copy_leaves_the_weight_as_it_is(monkeypatch, rng):
+    """With POLYDEV_CPU_WEIGHT_CACHE_MB too small to keep the copy (it would be made on every
+    call), the weight multiplies from its own blocks."""
+    monkeypatch.setenv("POLYDEV_CPU_WEIGHT_CACHE_MB", "0")
+    raw = random_blocks(rng, GGMLType.Q4_K, 32, 256)
+    x = f32(rng, (1, 256))
+    with polydev.init_backend("CPU") as backend:
+        cache = backend.device.weight_cache
+        monkeypatch.setattr(cache, "_budget", None)        # read the environment again
+        product = WeightProduct(backend, raw, GGMLType.Q4_K, 1)
+        try:
+            out = product(x)
+            assert cache.nbytes == 0
+        finally:
+            product.close()
+        alone = _row_by_row(backend, raw, GGMLType.Q4_K, x)
+    np.testing.assert_array_equal(out, alone)

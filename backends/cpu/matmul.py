@@ -72,7 +72,8 @@ def interleaved_copy(env, w: Tensor) -> Callable[[], np.ndarray] | None:
     """The getter of ``w``'s copy with 16 rows interleaved (native/interleaved.c; its matrices
     one after the other), made on first use and kept in the weight cache; None where there is
     none: exact numerics, a weight outside a weights buffer (its bytes may change under a
-    bound plan), or a type and shape this build has no interleaved kernel for. Ask it on every
+    bound plan), a type and shape this build has no interleaved kernel for, or a copy larger
+    than the cache's budget. Ask it on every
     call: a copy the cache evicted, or one of a rewritten buffer, is made again, and what the
     cache holds is what it counts."""
     lib = kernels()
@@ -81,9 +82,10 @@ def interleaved_copy(env, w: Tensor) -> Callable[[], np.ndarray] | None:
             or w.ne[3] != 1 or w.nb[2] != w.ne[1] * w.nb[1]):
         return None
     size = lib.interleaved_bytes(type_id, w.ne[1], k) * w.ne[2]
-    if not size:
+    cache = env.weight_cache
+    if not size or size > cache.budget:       # a copy the cache cannot keep: made every call
         return None
-    rows, cache, n_threads = env.rows(w), env.weight_cache, env.n_threads
+    rows, n_threads = env.rows(w), env.n_threads
 
     def interleave() -> np.ndarray:
         out = np.empty(size, dtype=np.uint8)

@@ -190,11 +190,15 @@ static inline __m512i widen_u8(const uint8_t *p) {
     return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
 }
 
+/* the most activation rows a kernel multiplies per pass over a group's weights: a prompt's
+ * tiles (8 spread the widening of each chunk over 16 products, and fit the 32 registers) */
+#define TILE 8
+
 /* what a kernel of one group needs of ROWS activation rows from r0 on */
 typedef struct {
-    const int16_t *x[4];     /* each row's int16 values */
-    const float *e[4];       /* each row's scale per block */
-    const float *sums[4];    /* each row's float sum per 32 values */
+    const int16_t *x[TILE];     /* each row's int16 values */
+    const float *e[TILE];       /* each row's scale per block */
+    const float *sums[TILE];    /* each row's float sum per 32 values */
 } act_rows;
 
 static inline __attribute__((always_inline)) act_rows act_rows_at(const int16_rows *a,
@@ -210,19 +214,21 @@ static inline __attribute__((always_inline)) act_rows act_rows_at(const int16_ro
 }
 
 /* Q4_K and Q5_K: each sub-block's int32 sums times its scale (at most 32 * 31 * 32767 * 63,
- * below 2^31) in float, then the block's d e; the minimums' term in float as in int_dot.c */
+ * below 2^31) in float, times the block's d e; the minimums' term in float as in int_dot.c.
+ * Each sub-block's terms go straight into the row's one float sum: 8 rows then hold 16 of
+ * the 32 vector registers (their int32 sums and their float sums). */
 static inline __attribute__((always_inline)) void group_k4(
         int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
         int64_t y_stride) {
     const int CHAINS = ROWS == 1 ? 2 : 1;        /* one row: two chains of dependent sums */
     const __m512i low = _mm512_set1_epi16(0xF), sixteen = _mm512_set1_epi16(16);
-    __m512 acc[4], shift[4];
-    for (int r = 0; r < ROWS; r++) acc[r] = shift[r] = _mm512_setzero_ps();
+    __m512 acc[TILE];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
-        __m512 blk[4], mins[4];
-        for (int r = 0; r < ROWS; r++) blk[r] = mins[r] = _mm512_setzero_ps();
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
         for (int g = 0; g < 8; g++) {
-            __m512i s[4][2];
+            __m512i s[TILE][2];
             for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
             const uint8_t *q = p + K4_HEADER + k4_group_bytes(type) * g;
             const uint32_t *masks = (const uint32_t *)(q + 256);
@@ -240,24 +246,19 @@ static inline __attribute__((always_inline)) void group_k4(
                     s[r][(j + 1) % CHAINS] = dp_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
                 }
             }
-            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * g)));
-            __m512 mn = _mm512_cvtepi32_ps(
-                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 192 + 16 * g))));
+            const __m512i sc = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i *)(p + 64 + 16 * g)));
+            const __m512 mins = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i *)(p + 192 + 16 * g)))));
             for (int r = 0; r < ROWS; r++) {
                 __m512i sum = CHAINS == 2 ? _mm512_add_epi32(s[r][0], s[r][1]) : s[r][0];
-                blk[r] = _mm512_add_ps(blk[r], _mm512_cvtepi32_ps(_mm512_mullo_epi32(sum, sc)));
-                mins[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(t.sums[r][8 * b + g]), mins[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(sum, sc)),
+                                         _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
+                acc[r] = _mm512_fnmadd_ps(mins, _mm512_set1_ps(t.sums[r][8 * b + g]), acc[r]);
             }
         }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-        for (int r = 0; r < ROWS; r++) {
-            acc[r] = _mm512_fmadd_ps(blk[r], _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
-            shift[r] = _mm512_fmadd_ps(mins[r], dmin, shift[r]);
-        }
     }
-    for (int r = 0; r < ROWS; r++)
-        _mm512_storeu_ps(y + r * y_stride, _mm512_sub_ps(acc[r], shift[r]));
+    for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
 }
 
 /* Q6_K: each 16 values' int32 sums (at most 16 * 32 * 32767 * 128, below 2^31) times their
@@ -268,13 +269,12 @@ static inline __attribute__((always_inline)) void group_q6_k(
     (void)type;
     const __m512i low = _mm512_set1_epi16(0xF), top = _mm512_set1_epi16(0x30);
     const __m512i offset = _mm512_set1_epi16(32);
-    __m512 acc[4];
+    __m512 acc[TILE];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += Q6_K_X16) {
-        __m512 blk[4];
-        for (int r = 0; r < ROWS; r++) blk[r] = _mm512_setzero_ps();
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         for (int g = 0; g < 8; g++) {
-            __m512i s[4][2];
+            __m512i s[TILE][2];
             for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
             const uint8_t *q = p + 288 + 384 * g;
             _Pragma("GCC unroll 4")
@@ -300,13 +300,11 @@ static inline __attribute__((always_inline)) void group_q6_k(
             __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 32 * g)));
             __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 48 + 32 * g)));
             for (int r = 0; r < ROWS; r++)
-                blk[r] = _mm512_add_ps(blk[r], _mm512_add_ps(
-                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][0], sc0)),
-                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][1], sc1))));
+                acc[r] = _mm512_fmadd_ps(
+                    _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][0], sc0)),
+                                  _mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][1], sc1))),
+                    _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
         }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        for (int r = 0; r < ROWS; r++)
-            acc[r] = _mm512_fmadd_ps(blk[r], _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
     }
     for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
 }
@@ -320,10 +318,10 @@ static inline __attribute__((always_inline)) void group_32(
     const int header = header_32(type);
     const __m512i low = _mm512_set1_epi16(0xF), sixteen = _mm512_set1_epi16(16);
     const __m512i offset = _mm512_set1_epi16(type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0);
-    __m512 acc[4];
+    __m512 acc[TILE];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
-        __m512i s[4][2];
+        __m512i s[TILE][2];
         for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
         if (type == T_Q8_0) {
             _Pragma("GCC unroll 16")
@@ -367,13 +365,16 @@ static inline __attribute__((always_inline)) void group_32(
     for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
 }
 
-/* group G's 16 results for the activation rows from r0 on, ROWS (1 or 4) at a time */
+/* group G's 16 results for every activation row, TILE, 4 or 1 rows at a time */
 #define GROUP_KERNEL(NAME, BODY, TYPE)                                                      \
 static void NAME(const uint8_t *p, int64_t G, const int16_rows *a, float *y,               \
                  int64_t y_stride) {                                                        \
     const int64_t nb = a->K / block_values(TYPE);                                           \
     const uint8_t *group = p + G * nb * group_block_bytes(TYPE);                            \
     int64_t r0 = 0;                                                                         \
+    for (; r0 + TILE <= a->n_rows; r0 += TILE)                                              \
+        BODY(TYPE, group, nb, act_rows_at(a, r0, TILE), TILE,                               \
+             y + r0 * y_stride + ROWS16 * G, y_stride);                                     \
     for (; r0 + 4 <= a->n_rows; r0 += 4)                                                    \
         BODY(TYPE, group, nb, act_rows_at(a, r0, 4), 4, y + r0 * y_stride + ROWS16 * G,     \
              y_stride);                                                                     \
