@@ -271,22 +271,55 @@ static void load_block(const fa_op *op, int64_t s, int64_t hk, int64_t c0, int64
 
 /* row `row`'s scores of cells [c0, c0 + n) to exp(score - new maximum), with its running
  * maximum, sum and output rescaled; all 0 where the row sees none of these cells */
+/* score c of a row: scaled, soft-capped, masked; -inf outside the cells the row sees */
+static inline float masked_score(const fa_op *op, const fa_scratch *t, int64_t row, float slope,
+                                 float x, int64_t cell) {
+    float v = x * op->scale;
+    if (op->softcap != 0.0f) v = op->softcap * tanhf(v);
+    if (cell < t->first[row] || cell > t->last[row]) return -INFINITY;
+    return t->mask[row] ? v + slope * f16(t->mask[row] + 2 * cell) : v;
+}
+
+/* the row's scores of cells [c0, c0 + n) as masked_score makes them, 8 at a time where there
+ * is no soft-capping (the same float operations); returns their maximum, NaN if one is NaN */
+static float mask_scores(const fa_op *op, const fa_scratch *t, int64_t row, float slope,
+                         float *x, int64_t c0, int64_t n) {
+    const uint8_t *mrow = t->mask[row];
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i first = _mm256_set1_epi32((int)(t->first[row] - c0));
+    const __m256i last = _mm256_set1_epi32((int)(t->last[row] - c0));
+    __m256 vmax = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    int64_t c = 0;
+    if (op->softcap == 0.0f && t->first[row] - c0 > INT32_MIN && t->last[row] - c0 < INT32_MAX)
+        for (; c + 8 <= n; c += 8) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + c), _mm256_set1_ps(op->scale));
+            if (mrow) {
+                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + 2 * (c0 + c))));
+                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(slope), m));
+            }
+            __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)c), lanes);
+            __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi32(first, idx),
+                                              _mm256_cmpgt_epi32(idx, last));
+            v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(outside));
+            _mm256_storeu_ps(x + c, v);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            vmax = _mm256_max_ps(vmax, v);
+        }
+    float m_block = _mm256_movemask_ps(nan) ? NAN : hmax8(vmax);
+    for (; c < n; c++) {
+        const float v = masked_score(op, t, row, slope, x[c], c0 + c);
+        x[c] = v;
+        if (v != v) m_block = v;                           /* NaN stays NaN */
+        else if (v > m_block && m_block == m_block) m_block = v;
+    }
+    return m_block;
+}
+
 static void softmax_block(const fa_op *op, fa_scratch *t, int64_t row, int64_t h, int64_t c0,
                           int64_t n) {
     float *x = t->S + row * FA_CELLS;
     const float slope = op->slopes ? op->slopes[h] : 1.0f;
-    const uint8_t *mrow = t->mask[row];
-    float m_block = -INFINITY;
-    for (int64_t c = 0; c < n; c++) {
-        const int64_t cell = c0 + c;
-        float v = x[c] * op->scale;
-        if (op->softcap != 0.0f) v = op->softcap * tanhf(v);
-        if (cell < t->first[row] || cell > t->last[row]) v = -INFINITY;
-        else if (mrow) v += slope * f16(mrow + 2 * cell);
-        x[c] = v;
-        if (v != v) m_block = v;                           /* NaN stays NaN */
-        else if (v > m_block) m_block = v;
-    }
+    const float m_block = mask_scores(op, t, row, slope, x, c0, n);
     if (m_block == -INFINITY) {
         memset(x, 0, sizeof(float) * FA_CELLS);
         return;

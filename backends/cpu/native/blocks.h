@@ -92,6 +92,14 @@ static inline __attribute__((always_inline)) float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the largest of v's 8 floats (NaN lanes as _mm_max_ps takes them) */
+static inline __attribute__((always_inline)) float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 #if defined(__FMA__)
 /* exp of 8 floats: Cody-Waite range reduction and Cephes' degree-7 polynomial (about 1 ulp);
  * 0 below -87.3, where expf is subnormal; NaN stays NaN */

@@ -139,12 +139,6 @@ typedef struct {
     int64_t K, n_rows, group;
 } int16_rows;
 
-static inline float hmax(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
 
 /* room for n_rows activation rows of K values with a scale per `group`; its q is 0 where
  * there was no memory (then nothing is held) */

@@ -39,7 +39,7 @@ static inline void quantize_group(const float *x, int64_t n, int16_t *q, float *
         sums[j / 32] = total;
         finite &= isfinite(total) != 0;
     }
-    float amax = hmax(mx);
+    float amax = hmax8(mx);
     __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
     if (!finite) {                       /* inf or NaN: the whole group reads as NaN */
         inv = _mm256_setzero_ps();
