@@ -244,21 +244,50 @@ static void tile_rows(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_
         }
 }
 
+/* rows[0..7] (8 floats each) transposed: column j of the 8 x 8 block to out + j * stride */
+static inline __attribute__((always_inline)) void store_transposed8(__m256 *rows, float *out,
+                                                                    int64_t stride) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
+        a[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+        b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xEE);
+        b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+        b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {
+        _mm256_storeu_ps(out + j * stride, _mm256_permute2f128_ps(b[j], b[j + 4], 0x20));
+        _mm256_storeu_ps(out + (j + 4) * stride, _mm256_permute2f128_ps(b[j], b[j + 4], 0x31));
+    }
+}
+
 /* K and V cells [c0, c0 + n) of KV head hk to float32: K transposed, the unused columns 0 */
 static void load_block(const fa_op *op, int64_t s, int64_t hk, int64_t c0, int64_t n,
                        fa_scratch *t) {
     const uint8_t *kh = op->k + s * op->k3 + hk * op->k2, *vh = op->v + s * op->v3 + hk * op->v2;
-    for (int64_t c = 0; c < n; c++) {
-        const uint8_t *kc = kh + (c0 + c) * op->k1;
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {            /* 8 cells at a time: 8 x 8 blocks transposed */
         int64_t d = 0;
         for (; d + 8 <= op->D; d += 8) {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kc + 2 * d))));
-            for (int j = 0; j < 8; j++) t->Kt[(d + j) * FA_CELLS + c] = tmp[j];
+            __m256 rows[8];
+            for (int i = 0; i < 8; i++)
+                rows[i] = _mm256_cvtph_ps(_mm_loadu_si128(
+                    (const __m128i *)(kh + (c0 + c + i) * op->k1 + 2 * d)));
+            store_transposed8(rows, t->Kt + d * FA_CELLS + c, FA_CELLS);
         }
-        for (; d < op->D; d++) t->Kt[d * FA_CELLS + c] = f16(kc + 2 * d);
+        for (; d < op->D; d++)
+            for (int i = 0; i < 8; i++)
+                t->Kt[d * FA_CELLS + c + i] = f16(kh + (c0 + c + i) * op->k1 + 2 * d);
+    }
+    for (; c < n; c++)
+        for (int64_t d = 0; d < op->D; d++)
+            t->Kt[d * FA_CELLS + c] = f16(kh + (c0 + c) * op->k1 + 2 * d);
+    for (c = 0; c < n; c++) {
         const uint8_t *vc = vh + (c0 + c) * op->v1;
-        d = 0;
+        int64_t d = 0;
         for (; d + 8 <= op->Dv; d += 8)
             _mm256_storeu_ps(t->V + c * op->Dv + d,
                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vc + 2 * d))));
