@@ -1,8 +1,8 @@
 """The CPU backend's products from weights with 16 rows interleaved (native/interleaved.c):
-a weights buffer's quantized matrix multiplied by a few activation rows under fast numerics
-(any number of activation rows) under fast numerics gives the int16 kernels' results on the
-weight's own layout, within the int16 activations' rounding of float64, and follows a
-rewrite of the weights."""
+a weights buffer's quantized matrix multiplied by any number of activation rows under fast
+numerics gives the int16 kernels' results on the weight's own layout, within the int16
+activations' rounding of float64, and follows a rewrite of the weights; MUL_MAT_ID sorts its
+pairs by expert in the kernels and checks the expert ids before writing."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, dequantize, ops
-from polydev.buffer import BufferUsage
 from polydev.backends.cpu.matmul import BLOCK_PRODUCT_ROWS
 from polydev.backends.cpu.native import kernels
+from polydev.buffer import BufferUsage
+from polydev.errors import OutOfBoundsError, PolydevError
 
 from conftest import nmse
 from test_cpu_native import int16_error_bound
@@ -159,50 +160,56 @@ def test_interleaved_product_carries_non_finite_activations(fast_cpu, rng, qtype
     assert np.all(np.isfinite(out[0])) and not np.any(np.isfinite(out[1]))
 
 
+def _experts_product(backend, blocks, qtype, n_expert, x, ids, before=None):
+    """MUL_MAT_ID with the experts (raw rows) in a weights buffer, its result filled with
+    ``before`` first where given: (the result or the error raised, the weight cache's bytes)."""
+    k, n_tokens = x.shape[-1], x.shape[1]
+    m = blocks.shape[0] // n_expert
+    wctx, ctx = Context(), Context()
+    experts = wctx.new_tensor(qtype, (k, m, n_expert), name="experts")
+    xt = ctx.new_tensor(GGMLType.F32, (k, 1, n_tokens))
+    it = ctx.new_tensor(GGMLType.I32, (ids.shape[1], n_tokens))
+    out = ops.mul_mat_id(ctx, experts, xt, it)
+    with alloc_ctx_tensors(wctx, backend) as wbuf, alloc_ctx_tensors(ctx, backend):
+        wbuf.usage = BufferUsage.WEIGHTS
+        experts.set_data(blocks)
+        xt.set_data(x)
+        it.set_data(ids)
+        if before is not None:
+            out.set_data(before)
+        try:
+            backend.graph_compute(build_graph(out))
+        except PolydevError as e:                 # what the test expects, with what is left
+            return e, out.numpy()
+        return out.numpy(), backend.device.weight_cache.nbytes
+
+
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=str)
 @pytest.mark.parametrize("n_tokens", [1, 40])            # a decode step; a prompt
 def test_mul_mat_id_multiplies_the_experts_interleaved_copy(fast_cpu, rng, qtype, n_tokens):
     """The experts of a weights buffer are interleaved as one matrix (each expert's rows a
-    whole number of groups): every expert in use multiplies from its part of the copy."""
+    whole number of groups); the pairs are sorted by expert in the kernels, and every expert
+    in use multiplies from its part of the copy."""
     from test_ops_products import _mul_mat_id_ref, _routing
 
     n_expert, m, k = 6, 32, 512
     blocks = random_blocks(rng, qtype, n_expert * m, k)
     ids = _routing(rng, n_tokens, 3, n_expert)
     x = f32(rng, (1, n_tokens, 1, k))
-    wctx, ctx = Context(), Context()
-    experts = wctx.new_tensor(qtype, (k, m, n_expert), name="experts")
-    xt = ctx.new_tensor(GGMLType.F32, (k, 1, n_tokens))
-    it = ctx.new_tensor(GGMLType.I32, (3, n_tokens))
-    out = ops.mul_mat_id(ctx, experts, xt, it)
-    cache = fast_cpu.device.weight_cache
-    with alloc_ctx_tensors(wctx, fast_cpu) as wbuf, alloc_ctx_tensors(ctx, fast_cpu):
-        wbuf.usage = BufferUsage.WEIGHTS
-        experts.set_data(blocks)
-        xt.set_data(x)
-        it.set_data(ids)
-        fast_cpu.graph_compute(build_graph(out))
-        assert cache.nbytes == n_expert * _interleaved_bytes(qtype, m, k)
-        got = out.numpy()
+    got, cached = _experts_product(fast_cpu, blocks, qtype, n_expert, x, ids)
+    assert cached == n_expert * _interleaved_bytes(qtype, m, k)
     w = dequantize(blocks, qtype).reshape(n_expert, m, k).astype(np.float64)
     ref = _mul_mat_id_ref(w, x[0].astype(np.float64), ids)
     assert nmse(got[0], ref) < 1e-8
 
 
-def test_a_weight_cache_too_small_for_the_copy_leaves_the_weight_as_it_is(monkeypatch, rng):
-    """With POLYDEV_CPU_WEIGHT_CACHE_MB too small to keep the copy (it would be made on every
-    call), the weight multiplies from its own blocks."""
-    monkeypatch.setenv("POLYDEV_CPU_WEIGHT_CACHE_MB", "0")
-    raw = random_blocks(rng, GGMLType.Q4_K, 32, 256)
-    x = f32(rng, (1, 256))
-    with polydev.init_backend("CPU") as backend:
-        cache = backend.device.weight_cache
-        monkeypatch.setattr(cache, "_budget", None)        # read the environment again
-        product = WeightProduct(backend, raw, GGMLType.Q4_K, 1)
-        try:
-            out = product(x)
-            assert cache.nbytes == 0
-        finally:
-            product.close()
-        alone = _row_by_row(backend, raw, GGMLType.Q4_K, x)
-    np.testing.assert_array_equal(out, alone)
+@pytest.mark.parametrize("bad", [-1, 6])
+def test_mul_mat_id_of_an_expert_out_of_range_writes_nothing(fast_cpu, rng, bad):
+    n_expert, m, k = 6, 32, 256
+    blocks = random_blocks(rng, GGMLType.Q4_K, n_expert * m, k)
+    ids = np.array([[0, 1], [2, bad]], dtype=np.int32)
+    x = f32(rng, (1, 2, 1, k))
+    before = np.full((2, 2, m), 7.0, dtype=np.float32)
+    error, left = _experts_product(fast_cpu, blocks, GGMLType.Q4_K, n_expert, x, ids, before)
+    assert isinstance(error, OutOfBoundsError) and "mul_mat_id" in str(error)
+    assert np.all(left == 7.0)

@@ -16,11 +16,12 @@ import numpy as np
 
 from polydev.backends.array.movement import check_indices
 from polydev.backends.array.mul_mat_id import expert_groups
+from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .matmul import bind_product, interleaved_copy, interleaved_product
-from .native import kernels
+from .matmul import bind_product, interleaved_copy
+from .native import kernels, pack
 
 
 def native_mul_mat_id_ok(node: Tensor) -> bool:
@@ -49,15 +50,8 @@ def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
     rows = b.reshape(-1, k)
     name = f"MUL_MAT_ID {node.name or '<unnamed>'}"
     copy = interleaved_copy(env, as_t)
-    expert_bytes = kernels().interleaved_bytes(int(as_t.type), m, k)
-
-    def product(expert: int, x: np.ndarray, y: np.ndarray) -> None:
-        if copy is not None:
-            multiply, _ = interleaved_product(env, int(as_t.type), m, k, x, y, name)
-            multiply(copy().ctypes.data + expert * expert_bytes)
-        else:
-            bind_product(env, int(as_t.type), experts_base + expert * as_t.nb[2], as_t.nb[1],
-                         m, k, x, y, name)()
+    if copy is not None and ids.strides[1] == 4:
+        return _bind_interleaved(env, copy, as_t, b, ids, d, name)
 
     def run() -> None:
         experts = ids.reshape(-1)
@@ -65,6 +59,29 @@ def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
         for expert, pairs in expert_groups(np, experts):
             x = np.ascontiguousarray(rows[b_row[pairs]])
             y = np.empty((len(pairs), m), dtype=np.float32)
-            product(expert, x, y)
+            bind_product(env, int(as_t.type), experts_base + expert * as_t.nb[2], as_t.nb[1],
+                         m, k, x, y, name)()
             d[pairs] = y
+    return run
+
+
+def _bind_interleaved(env, copy, as_t: Tensor, b: np.ndarray, ids: np.ndarray, d: np.ndarray,
+                      name: str) -> Callable[[], None]:
+    """The whole MUL_MAT_ID in one call of the kernels, from the experts' interleaved copy:
+    the pairs sorted by expert, each expert's rows multiplied at once, the rows put back."""
+    lib = kernels()
+    n_expert, m, k = as_t.ne[2], as_t.ne[1], as_t.ne[0]
+    n_tokens, n_b, _ = b.shape
+    args = pack(int(as_t.type), 0, n_expert, m, k, b.ctypes.data, n_b, ids.ctypes.data,
+                ids.strides[0] // 4, n_tokens, ids.shape[1], d.ctypes.data, env.n_threads)
+    mul_mat_id, where = lib.mul_mat_id_interleaved_packed, args.ctypes.data
+
+    def run() -> None:
+        args[1] = copy().ctypes.data
+        status = mul_mat_id(where)
+        if status == 3:                 # an expert id out of range: nothing written
+            check_indices(np, ids.reshape(-1), n_expert, "mul_mat_id")
+        if status != 0:
+            raise AllocationError(f"{name}: no memory to sort {ids.size} rows by expert")
+    run.keep_alive = args
     return run

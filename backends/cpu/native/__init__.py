@@ -90,6 +90,8 @@ class NativeKernels:
         self.mul_mat_int16_packed = _entry(library.pd_mul_mat_int16_packed, [_ptr], _int)
         self.mul_mat_interleaved_packed = _entry(library.pd_mul_mat_interleaved_packed, [_ptr],
                                                  _int)
+        self.mul_mat_id_interleaved_packed = _entry(library.pd_mul_mat_id_interleaved_packed,
+                                                    [_ptr], _int)
         self.interleave = _entry(library.pd_interleave,
                                  [_int, _ptr, _i64, _i64, _i64, _ptr, _int], _int)
         self.interleaved_bytes = _entry(library.pd_interleaved_bytes, [_int, _i64, _i64], _i64)

@@ -383,7 +383,8 @@ static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int6
         const int64_t n = hi - c0 < FA_CELLS ? hi - c0 : FA_CELLS;
         load_block(op, s, hk, c0, n, t);
         int64_t r = 0;
-        for (; r + 4 <= rows; r += 4) qk_rows(t->Q + r * op->D, op->D, t->Kt, t->S + r * FA_CELLS, 4);
+        for (; r + 4 <= rows; r += 4)
+            qk_rows(t->Q + r * op->D, op->D, t->Kt, t->S + r * FA_CELLS, 4);
         for (; r < rows; r++) qk_rows(t->Q + r * op->D, op->D, t->Kt, t->S + r * FA_CELLS, 1);
         for (r = 0; r < rows; r++) softmax_block(op, t, r, hk * G + r % G, c0, n);
         for (r = 0; r + 4 <= rows; r += 4)

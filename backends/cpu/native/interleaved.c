@@ -472,6 +472,85 @@ int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, con
 #endif
 }
 
+/* MUL_MAT_ID from the experts' interleaved copy p (expert e's at e * pd_interleaved_bytes):
+ * for token t < n_tokens and slot u < n_used, row t * n_used + u of d (M floats) is expert
+ * ids[t * ids_stride + u] times row t * n_b + u % n_b of b (K floats, contiguous). The pairs
+ * are sorted by expert in C: each expert in use multiplies its rows at once, and one parallel
+ * loop covers every expert's groups. Returns 0; 1 where the type has no interleaved kernel, 2
+ * when memory could not be had, 3 for an expert id outside [0, n_expert) (nothing written
+ * then). */
+int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int64_t M,
+                              int64_t K, const float *b, int64_t n_b, const int32_t *ids,
+                              int64_t ids_stride, int64_t n_tokens, int64_t n_used, float *d,
+                              int n_threads) {
+#ifdef INTERLEAVED_KERNELS
+    group_kernel kernel = group_kernel_of(type);
+    const int64_t expert_bytes = pd_interleaved_bytes(type, M, K), pairs = n_tokens * n_used;
+    if (!kernel || !expert_bytes) return 1;
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t u = 0; u < n_used; u++)
+            if (ids[t * ids_stride + u] < 0 || ids[t * ids_stride + u] >= n_expert) return 3;
+    /* the pairs in expert order (a counting sort), their b rows gathered in that order */
+    int64_t *start = calloc((size_t)n_expert + 1, sizeof(int64_t));
+    int64_t *order = malloc(sizeof(int64_t) * pairs), *active = malloc(sizeof(int64_t) * n_expert);
+    float *x = malloc(sizeof(float) * pairs * K), *y = malloc(sizeof(float) * pairs * M);
+    int16_rows a = int16_rows_new(K, pairs, block_values(type));
+    int status = 2;
+    if (start && order && active && x && y && a.q) {
+        for (int64_t i = 0; i < pairs; i++)
+            start[ids[(i / n_used) * ids_stride + i % n_used] + 1]++;
+        int64_t n_active = 0;
+        for (int64_t e = 0; e < n_expert; e++) {
+            if (start[e + 1]) active[n_active++] = e;
+            start[e + 1] += start[e];
+        }
+        int64_t *next = calloc((size_t)n_expert, sizeof(int64_t));
+        if (next) {
+            for (int64_t i = 0; i < pairs; i++) {
+                const int64_t t = i / n_used, u = i % n_used, e = ids[t * ids_stride + u];
+                const int64_t at = start[e] + next[e]++;
+                order[at] = i;
+                memcpy(x + at * K, b + (t * n_b + u % n_b) * K, sizeof(float) * K);
+            }
+            free(next);
+            pd_quantize_rows_int16(x, K, &a, n_threads);
+            const int64_t groups = M / ROWS16;
+            /* static: each thread streams one run of the weights (handed out one group at a
+             * time, a decode step ran 20% slower), though the experts' row counts differ */
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+            for (int64_t w = 0; w < n_active * groups; w++) {
+                const int64_t e = active[w / groups], first = start[e];
+                const int16_rows rows = {a.q + first * K, a.e + first * (K / a.group),
+                                         a.sums + first * (K / QK), K, start[e + 1] - first,
+                                         a.group};
+                kernel(p + e * expert_bytes, w % groups, &rows, y + first * M, M);
+            }
+            for (int64_t at = 0; at < pairs; at++)
+                memcpy(d + order[at] * M, y + at * M, sizeof(float) * M);
+            status = 0;
+        }
+    }
+    int16_rows_free(&a);
+    free(start);
+    free(order);
+    free(active);
+    free(x);
+    free(y);
+    return status;
+#else
+    (void)type, (void)p, (void)n_expert, (void)M, (void)K, (void)b, (void)n_b, (void)ids;
+    (void)ids_stride, (void)n_tokens, (void)n_used, (void)d, (void)n_threads;
+    return 1;
+#endif
+}
+
+int pd_mul_mat_id_interleaved_packed(const int64_t *a) {
+    return pd_mul_mat_id_interleaved((int)a[0], P_PTR(1), a[2], a[3], a[4],
+                                     (const float *)(intptr_t)a[5], a[6],
+                                     (const int32_t *)(intptr_t)a[7], a[8], a[9], a[10],
+                                     (float *)(intptr_t)a[11], (int)a[12]);
+}
+
 int pd_mul_mat_interleaved_packed(const int64_t *a) {
     return pd_mul_mat_interleaved((int)a[0], P_PTR(1), a[2], a[3], (const float *)(intptr_t)a[4],
                                   a[5], a[6], (float *)(intptr_t)a[7], a[8], (int)a[9]);
