@@ -31,7 +31,7 @@ def _interleaved_bytes(qtype: GGMLType, m: int, k: int) -> int:
 
 pytestmark = pytest.mark.skipif(
     _interleaved_bytes(GGMLType.Q4_K, 16, 256) == 0,
-    reason="this build of the CPU kernels has no interleaved products (they need AVX-512 VNNI)")
+    reason="this build of the CPU kernels has no interleaved products (they need AVX2)")
 
 
 class WeightProduct:

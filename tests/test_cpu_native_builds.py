@@ -17,8 +17,10 @@ from polydev.backends.cpu.native import variants
 from polydev.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-NATIVE_TESTS = [Path(__file__).resolve().parent / name
-                for name in ("test_cpu_native.py", "test_cpu_native_catalogue.py")]
+HERE = Path(__file__).resolve().parent
+NATIVE_TESTS = [HERE / name for name in ("test_cpu_native.py", "test_cpu_native_catalogue.py")]
+# the interleaved products are built where the int16 kernels are: AVX2 and up
+INTERLEAVED_TESTS = HERE / "test_cpu_interleaved.py"
 
 
 def _lower_levels() -> list[str]:
@@ -26,15 +28,21 @@ def _lower_levels() -> list[str]:
     return [v.name for v in variants.supported()[1:]]
 
 
+def _tests_of(level: str) -> list[Path]:
+    variant = next(v for v in variants.variants() if v.name == level)
+    return NATIVE_TESTS + ([INTERLEAVED_TESTS] if "avx2" in variant.needs else [])
+
+
 @pytest.mark.parametrize("level", _lower_levels())
 def test_each_level_this_cpu_runs_passes_the_kernel_tests(level):
-    """test_cpu_native.py (every kernel against float64 and the numpy path) and the catalogue
-    against the numpy path, with the kernels of ``level``: the plain-C level has no SIMD code
-    at all, so its scalar paths are checked here too."""
+    """test_cpu_native.py (every kernel against float64 and the numpy path), the catalogue
+    against the numpy path and, from AVX2 on, the interleaved products, with the kernels of
+    ``level``: the plain-C level has no SIMD code at all, so its scalar paths are checked
+    here too."""
     env = {**os.environ, native.VARIANT_ENV: level}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           *map(str, NATIVE_TESTS)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+                           *map(str, _tests_of(level))], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
 

@@ -29,13 +29,16 @@
  *   Q5_0  d[16], Q4_0's chunks, then two 32-bit masks per chunk as Q5_K's         352 (352)
  *   Q5_1  d[16] m[16], then Q5_0's chunks and masks                               384 (384)
  *   Q8_0  d[16], then per chunk j (0-15): byte 2 r + i = value 2 j + i             544 (544)
- * (in brackets: the 16 rows' bytes in their own layout). Built on AVX-512 BW with VNNI only:
- * the 16 int32 lanes of one register are the 16 rows. Activations are those of int_dot.c
- * (int16 with one scale per block), so the results equal its results up to float32 rounding.
+ * (in brackets: the 16 rows' bytes in their own layout). Built wherever the int16 kernels are
+ * (AVX2 and FMA): the 16 rows' int32 lanes are one register with AVX-512 BW and VNNI, two
+ * halves of 8 with AVX2 (rows16.h), where one pair of chunk bytes costs a vpmaddwd and an add
+ * per activation row (a vpdpwssd with AVX-VNNI) instead of half a vpdpwssd. Activations are
+ * those of int_dot.c (int16 with one scale per block), so the results equal its results up to
+ * float32 rounding.
  */
-#include "int16.h"
+#include "rows16.h"
 
-#if defined(INT16_KERNELS) && IVEC == 32
+#if defined(ROWS16_KERNELS)
 #define INTERLEAVED_KERNELS 1
 
 #define ROWS16 16
@@ -179,20 +182,14 @@ static void interleave_32(int type, const uint8_t *src[ROWS16], uint8_t *o) {
 
 /* --- the products ------------------------------------------------------------------------- */
 
-/* acc + the product pairs of w's 16 rows with the pair of activations at x (broadcast) */
-static inline __attribute__((always_inline)) __m512i dp_pair(__m512i acc, __m512i w,
-                                                             const int16_t *x) {
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x));
-    return acc;
-}
-
-static inline __m512i widen_u8(const uint8_t *p) {
-    return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-}
-
 /* the most activation rows a kernel multiplies per pass over a group's weights: a prompt's
- * tiles (8 spread the widening of each chunk over 16 products, and fit the 32 registers) */
+ * tiles (with AVX-512, 8 spread the widening of each chunk over 16 products and fit the 32
+ * registers; AVX2 has 16 registers and two of them per row) */
+#if IVEC == 32
 #define TILE 8
+#else
+#define TILE 4
+#endif
 
 /* what a kernel of one group needs of ROWS activation rows from r0 on */
 typedef struct {
@@ -216,97 +213,87 @@ static inline __attribute__((always_inline)) act_rows act_rows_at(const int16_ro
 /* Q4_K and Q5_K: each sub-block's int32 sums times its scale (at most 32 * 31 * 32767 * 63,
  * below 2^31) in float, times the block's d e; the minimums' term in float as in int_dot.c.
  * Each sub-block's terms go straight into the row's one float sum: 8 rows then hold 16 of
- * the 32 vector registers (their int32 sums and their float sums). */
+ * AVX-512's 32 vector registers (their int32 sums and their float sums). */
 static inline __attribute__((always_inline)) void group_k4(
         int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
         int64_t y_stride) {
     const int CHAINS = ROWS == 1 ? 2 : 1;        /* one row: two chains of dependent sums */
-    const __m512i low = _mm512_set1_epi16(0xF), sixteen = _mm512_set1_epi16(16);
-    __m512 acc[TILE];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    r16_floats acc[TILE];
+    for (int r = 0; r < ROWS; r++) acc[r] = r16_floats_zero();
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        const r16_floats d = r16_fp16(p), dmin = r16_fp16(p + 32);
         for (int g = 0; g < 8; g++) {
-            __m512i s[TILE][2];
-            for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
+            r16_sums s[TILE][2];
+            for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = r16_sums_zero();
             const uint8_t *q = p + K4_HEADER + k4_group_bytes(type) * g;
-            const uint32_t *masks = (const uint32_t *)(q + 256);
             _Pragma("GCC unroll 8")
             for (int j = 0; j < 8; j++) {
-                __m512i v = widen_u8(q + 32 * j);
-                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_srli_epi16(v, 4);
-                if (type == T_Q5_K) {
-                    lo = _mm512_mask_add_epi16(lo, (__mmask32)masks[2 * j], lo, sixteen);
-                    hi = _mm512_mask_add_epi16(hi, (__mmask32)masks[2 * j + 1], hi, sixteen);
-                }
+                r16_pairs lo, hi;
+                r16_nibbles(q + 32 * j, type == T_Q5_K ? q + 256 + 8 * j : 0, &lo, &hi);
                 for (int r = 0; r < ROWS; r++) {
                     const int16_t *x = t.x[r] + QK_K * b + 32 * g + 2 * j;
-                    s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], lo, x);
-                    s[r][(j + 1) % CHAINS] = dp_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
+                    s[r][j % CHAINS] = r16_dot_pair(s[r][j % CHAINS], lo, x);
+                    s[r][(j + 1) % CHAINS] = r16_dot_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
                 }
             }
-            const __m512i sc = _mm512_cvtepu8_epi32(
-                _mm_loadu_si128((const __m128i *)(p + 64 + 16 * g)));
-            const __m512 mins = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_loadu_si128((const __m128i *)(p + 192 + 16 * g)))));
+            const r16_floats mins = r16_mul(dmin, r16_u8_floats(p + 192 + 16 * g));
             for (int r = 0; r < ROWS; r++) {
-                __m512i sum = CHAINS == 2 ? _mm512_add_epi32(s[r][0], s[r][1]) : s[r][0];
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(sum, sc)),
-                                         _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
-                acc[r] = _mm512_fnmadd_ps(mins, _mm512_set1_ps(t.sums[r][8 * b + g]), acc[r]);
+                r16_sums sum = CHAINS == 2 ? r16_sums_add(s[r][0], s[r][1]) : s[r][0];
+                acc[r] = r16_fma(r16_float(r16_times_u8(sum, p + 64 + 16 * g)),
+                                 r16_scaled(d, t.e[r][b]), acc[r]);
+                acc[r] = r16_sub_scaled(acc[r], mins, t.sums[r][8 * b + g]);
             }
         }
     }
-    for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
+    for (int r = 0; r < ROWS; r++) r16_store(y + r * y_stride, acc[r]);
 }
 
 /* Q6_K: each 16 values' int32 sums (at most 16 * 32 * 32767 * 128, below 2^31) times their
- * int8 scale, in float, then the block's d e */
+ * int8 scale, in float, then the block's d e. A sub-block's first 16 values (the chunks' low
+ * nibbles) and its last 16 (the high ones) have scales of their own, so they are summed in
+ * two passes over its chunks: one pass would keep two sums per row, which for 4 rows fill
+ * AVX2's 16 registers (the second pass reads the chunks again from L1). */
 static inline __attribute__((always_inline)) void group_q6_k(
         int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
         int64_t y_stride) {
     (void)type;
-    const __m512i low = _mm512_set1_epi16(0xF), top = _mm512_set1_epi16(0x30);
-    const __m512i offset = _mm512_set1_epi16(32);
-    __m512 acc[TILE];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    r16_floats acc[TILE];
+    for (int r = 0; r < ROWS; r++) acc[r] = r16_floats_zero();
     for (int64_t b = 0; b < nb; b++, p += Q6_K_X16) {
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        const r16_floats d = r16_fp16(p);
         for (int g = 0; g < 8; g++) {
-            __m512i s[TILE][2];
-            for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
             const uint8_t *q = p + 288 + 384 * g;
-            _Pragma("GCC unroll 4")
-            for (int c = 0; c < 4; c++) {
-                __m512i h = widen_u8(q + 256 + 32 * c);
-                _Pragma("GCC unroll 2")
-                for (int half = 0; half < 2; half++) {
-                    const int j = c + 4 * half;
-                    __m512i v = widen_u8(q + 32 * j), hh = half ? _mm512_srli_epi16(h, 4) : h;
-                    __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low),
-                                                 _mm512_and_si512(_mm512_slli_epi16(hh, 4), top));
-                    __m512i hi = _mm512_or_si512(_mm512_srli_epi16(v, 4),
-                                                 _mm512_and_si512(_mm512_slli_epi16(hh, 2), top));
-                    lo = _mm512_sub_epi16(lo, offset);
-                    hi = _mm512_sub_epi16(hi, offset);
-                    for (int r = 0; r < ROWS; r++) {
-                        const int16_t *x = t.x[r] + QK_K * b + 32 * g + 2 * j;
-                        s[r][0] = dp_pair(s[r][0], lo, x);
-                        s[r][1] = dp_pair(s[r][1], hi, x + 16);
-                    }
+            _Pragma("GCC unroll 2")
+            for (int high = 0; high < 2; high++) {
+                r16_sums sums[TILE];
+                for (int r = 0; r < ROWS; r++) sums[r] = r16_sums_zero();
+                _Pragma("GCC unroll 8")
+                for (int j = 0; j < 8; j++) {
+                    /* unpacked as bytes, 16 rows at once: the 4 bits of the chunk's nibbles
+                     * and the top 2, which for chunk j sit at bit s of vector j % 4 */
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+                    const __m256i h =
+                        _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * (j & 3)));
+                    const int s = 4 * (j >> 2) + 2 * high;
+                    __m256i nib = high ? _mm256_srli_epi16(v, 4) : v;
+                    nib = _mm256_and_si256(nib, _mm256_set1_epi8(0xF));
+                    /* 16-bit shifts: the bits a byte takes from its neighbour are masked off */
+                    __m256i top = s < 4 ? _mm256_slli_epi16(h, 4 - s)
+                                : s > 4 ? _mm256_srli_epi16(h, s - 4) : h;
+                    top = _mm256_and_si256(top, _mm256_set1_epi8(0x30));
+                    const r16_pairs w = r16_widen_i8(
+                        _mm256_sub_epi8(_mm256_or_si256(nib, top), _mm256_set1_epi8(32)));
+                    for (int r = 0; r < ROWS; r++)
+                        sums[r] = r16_dot_pair(sums[r], w,
+                                               t.x[r] + QK_K * b + 32 * g + 16 * high + 2 * j);
                 }
+                for (int r = 0; r < ROWS; r++)
+                    acc[r] = r16_fma(r16_float(r16_times_i8(sums[r], p + 32 + 32 * g + 16 * high)),
+                                     r16_scaled(d, t.e[r][b]), acc[r]);
             }
-            __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 32 * g)));
-            __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 48 + 32 * g)));
-            for (int r = 0; r < ROWS; r++)
-                acc[r] = _mm512_fmadd_ps(
-                    _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][0], sc0)),
-                                  _mm512_cvtepi32_ps(_mm512_mullo_epi32(s[r][1], sc1))),
-                    _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
         }
     }
-    for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
+    for (int r = 0; r < ROWS; r++) r16_store(y + r * y_stride, acc[r]);
 }
 
 /* the 32-value types: one block's int32 sums (at most 32 * 128 * 32767) times d e in float,
@@ -316,56 +303,48 @@ static inline __attribute__((always_inline)) void group_32(
         int64_t y_stride) {
     const int CHAINS = ROWS == 1 ? 2 : 1;
     const int header = header_32(type);
-    const __m512i low = _mm512_set1_epi16(0xF), sixteen = _mm512_set1_epi16(16);
-    const __m512i offset = _mm512_set1_epi16(type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0);
-    __m512 acc[TILE];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    const short offset = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0;
+    r16_floats acc[TILE];
+    for (int r = 0; r < ROWS; r++) acc[r] = r16_floats_zero();
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
-        __m512i s[TILE][2];
-        for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
+        r16_sums s[TILE][2];
+        for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = r16_sums_zero();
         if (type == T_Q8_0) {
             _Pragma("GCC unroll 16")
             for (int j = 0; j < 16; j++) {
-                __m512i v = _mm512_cvtepi8_epi16(
-                    _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j)));
+                r16_pairs v = r16_i8(p + 32 + 32 * j);
                 for (int r = 0; r < ROWS; r++)
-                    s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], v, t.x[r] + QK * b + 2 * j);
+                    s[r][j % CHAINS] = r16_dot_pair(s[r][j % CHAINS], v, t.x[r] + QK * b + 2 * j);
             }
         } else {
-            const uint32_t *masks = (const uint32_t *)(p + header + 256);
             _Pragma("GCC unroll 8")
             for (int j = 0; j < 8; j++) {
-                __m512i v = widen_u8(p + header + 32 * j);
-                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_srli_epi16(v, 4);
-                if (has_fifth_32(type)) {
-                    lo = _mm512_mask_add_epi16(lo, (__mmask32)masks[2 * j], lo, sixteen);
-                    hi = _mm512_mask_add_epi16(hi, (__mmask32)masks[2 * j + 1], hi, sixteen);
-                }
+                r16_pairs lo, hi;
+                r16_nibbles(p + header + 32 * j,
+                            has_fifth_32(type) ? p + header + 256 + 8 * j : 0, &lo, &hi);
                 if (!has_min_32(type)) {
-                    lo = _mm512_sub_epi16(lo, offset);
-                    hi = _mm512_sub_epi16(hi, offset);
+                    lo = r16_sub(lo, offset);
+                    hi = r16_sub(hi, offset);
                 }
                 for (int r = 0; r < ROWS; r++) {
                     const int16_t *x = t.x[r] + QK * b + 2 * j;
-                    s[r][j % CHAINS] = dp_pair(s[r][j % CHAINS], lo, x);
-                    s[r][(j + 1) % CHAINS] = dp_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
+                    s[r][j % CHAINS] = r16_dot_pair(s[r][j % CHAINS], lo, x);
+                    s[r][(j + 1) % CHAINS] = r16_dot_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
                 }
             }
         }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        __m512 m = has_min_32(type) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)))
-                                    : _mm512_setzero_ps();
+        const r16_floats d = r16_fp16(p);
+        const r16_floats m = has_min_32(type) ? r16_fp16(p + 32) : r16_floats_zero();
         for (int r = 0; r < ROWS; r++) {
-            __m512i sum = CHAINS == 2 ? _mm512_add_epi32(s[r][0], s[r][1]) : s[r][0];
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
-                                     _mm512_mul_ps(d, _mm512_set1_ps(t.e[r][b])), acc[r]);
-            if (has_min_32(type)) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(t.sums[r][b]), acc[r]);
+            r16_sums sum = CHAINS == 2 ? r16_sums_add(s[r][0], s[r][1]) : s[r][0];
+            acc[r] = r16_fma(r16_float(sum), r16_scaled(d, t.e[r][b]), acc[r]);
+            if (has_min_32(type)) acc[r] = r16_add_scaled(acc[r], m, t.sums[r][b]);
         }
     }
-    for (int r = 0; r < ROWS; r++) _mm512_storeu_ps(y + r * y_stride, acc[r]);
+    for (int r = 0; r < ROWS; r++) r16_store(y + r * y_stride, acc[r]);
 }
 
-/* group G's 16 results for every activation row, TILE, 4 or 1 rows at a time */
+/* group G's 16 results for every activation row, TILE, TILE / 2 or 1 rows at a time */
 #define GROUP_KERNEL(NAME, BODY, TYPE)                                                      \
 static void NAME(const uint8_t *p, int64_t G, const int16_rows *a, float *y,               \
                  int64_t y_stride) {                                                        \
@@ -375,9 +354,9 @@ static void NAME(const uint8_t *p, int64_t G, const int16_rows *a, float *y,    
     for (; r0 + TILE <= a->n_rows; r0 += TILE)                                              \
         BODY(TYPE, group, nb, act_rows_at(a, r0, TILE), TILE,                               \
              y + r0 * y_stride + ROWS16 * G, y_stride);                                     \
-    for (; r0 + 4 <= a->n_rows; r0 += 4)                                                    \
-        BODY(TYPE, group, nb, act_rows_at(a, r0, 4), 4, y + r0 * y_stride + ROWS16 * G,     \
-             y_stride);                                                                     \
+    for (; r0 + TILE / 2 <= a->n_rows; r0 += TILE / 2)                                      \
+        BODY(TYPE, group, nb, act_rows_at(a, r0, TILE / 2), TILE / 2,                       \
+             y + r0 * y_stride + ROWS16 * G, y_stride);                                     \
     for (; r0 < a->n_rows; r0++)                                                            \
         BODY(TYPE, group, nb, act_rows_at(a, r0, 1), 1, y + r0 * y_stride + ROWS16 * G,     \
              y_stride);                                                                     \
@@ -410,7 +389,7 @@ static group_kernel group_kernel_of(int type) {
 #endif
 
 /* Bytes of the interleaved copy of an M x K weight of `type`, or 0 where this build has no
- * interleaved kernel for it (no AVX-512 VNNI, another type, or M not a multiple of 16). */
+ * interleaved kernel for it (no AVX2, another type, or M not a multiple of 16). */
 int64_t pd_interleaved_bytes(int type, int64_t M, int64_t K) {
 #ifdef INTERLEAVED_KERNELS
     const int64_t bytes = group_block_bytes(type);
