@@ -15,6 +15,9 @@ own), one after the other for each model:
 - polydev's decode (tg128) with half the layers on OpenCL0 (llama.cpp's -ngl counting: the
   output layer is one of them) against all on the CPU backend, both in one process and
   measured in turns (target 0.5); missing, with the reason, where there is no OpenCL device.
+``--only TEXT`` keeps the models whose label contains TEXT; ``--cpu-kernels LEVEL`` runs
+polydev with the CPU kernels of a lower feature level (``x86-64-v3``: what a processor with
+AVX2 alone runs, to compare with the AVX2 wheel of llama.cpp).
 llama.cpp is llama-cpp-python (2 threads): the installed one, or the one in the directory
 ``--llama-cpp DIR`` names (e.g. a build for this machine: ``CMAKE_ARGS="-DGGML_NATIVE=ON" pip
 wheel --no-deps llama-cpp-python==0.3.36``, unpacked there); without it the ratios are missing
@@ -61,26 +64,37 @@ SCALE_MODELS = {
 
 
 def scale_model(label: str, shape: dict) -> str:
-    """The random-weight model ``label``, written on first use (tests/model_files.py)."""
+    """The random-weight model ``label``, written on first use (tests/model_files.py) by a
+    child process: Linux carries a process's resident memory over fork and exec into the
+    child's peak RSS, so a writer's gigabyte in this process would count in every engine's."""
     from polydev.env import cache_dir
 
     path = cache_dir("bench-models") / (label.replace(" ", "-") + ".gguf")
     if not path.exists():
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from model_files import write_test_model
-
         print(f"writing {path} ...", file=sys.stderr, flush=True)
-        part = path.with_suffix(".part")
-        write_test_model(part, **shape)
-        part.rename(path)
+        done = run_child("models", f"write_model({str(path)!r}, {shape!r})")
+        if isinstance(done, str):
+            raise RuntimeError(f"writing {path} failed: {done}")
     return str(path)
 
 
-def _models(scale: bool) -> dict[str, str]:
-    out = real_models()
-    if scale:
-        out.update({label: scale_model(label, shape) for label, shape in SCALE_MODELS.items()})
-    return out
+def write_model(path: str, shape: dict) -> dict:
+    """Write the random-weight model of ``shape`` to ``path`` (through a .part file)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from model_files import write_test_model
+
+    part = Path(path).with_suffix(".part")
+    write_test_model(part, **shape)
+    part.rename(path)
+    return {"path": path}
+
+
+def _models(scale: bool, only: str | None = None) -> dict[str, str]:
+    """The models to run by label; with ``only``, those whose label contains it."""
+    real = real_models()
+    labels = [*real, *(SCALE_MODELS if scale else ())]
+    return {label: real[label] if label in real else scale_model(label, SCALE_MODELS[label])
+            for label in labels if only is None or only.lower() in label.lower()}
 
 
 # --- what runs in the child processes ------------------------------------------------------------
@@ -264,10 +278,16 @@ def llama_cpp_child(path: str, reps: int) -> dict:
     return {"pp": pp, "pp_long": pp_long, "tg": tg, "rss": _peak_rss()}
 
 
-def _child(engine: str, path: str, reps: int, llama_cpp_dir: str | None = None) -> dict | str:
-    """Run one engine on one model in a fresh process; its result, or why it failed."""
+def _child(engine: str, path: str, reps: int, llama_cpp_dir: str | None = None,
+           cpu_kernels: str | None = None) -> dict | str:
+    """Run one engine on one model in a fresh process; its result, or why it failed.
+    ``cpu_kernels`` names the level of polydev's CPU kernels (POLYDEV_CPU_KERNELS)."""
     backends = {"polydev": "cpu", "polydev_opencl": "cpu,opencl"}
     env = dict(os.environ, POLYDEV_BACKENDS=backends[engine]) if engine in backends else None
+    if env is not None and cpu_kernels:
+        from polydev.backends.cpu.native import VARIANT_ENV
+
+        env[VARIANT_ENV] = cpu_kernels
     if engine == "llama_cpp" and llama_cpp_dir:
         env = with_llama_cpp(llama_cpp_dir)
     # models.py takes bench/ off the path as it is imported (see leave_bench_dir)
@@ -288,8 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv, extra=_options)
     reps = 1 if args.quick else 3
     figures = []
-    for label, path in _models(args.scale).items():
-        ours = _child("polydev", path, reps)
+    models = _models(args.scale, args.only)
+    if not models:
+        print(f"no model's label contains {args.only!r}", file=sys.stderr)
+        return 2
+    for label, path in models.items():
+        ours = _child("polydev", path, reps, cpu_kernels=args.cpu_kernels)
         theirs = _child("llama_cpp", path, reps, args.llama_cpp)
         if isinstance(ours, str):
             print(f"polydev failed on {label}: {ours}", file=sys.stderr)
@@ -337,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         if label not in SCALE_MODELS:         # OpenCL on PoCL: minutes per 1B-class model
             figures.append(_opencl_figure(label, path, reps))
     engine = f"llama.cpp from {args.llama_cpp}" if args.llama_cpp else "llama.cpp installed"
-    print_figures("models", f"2 threads, CPU; {engine}", figures, args.json)
+    kernels = f"; polydev's {args.cpu_kernels} kernels" if args.cpu_kernels else ""
+    print_figures("models", f"2 threads, CPU; {engine}{kernels}", figures, args.json)
     return 0
 
 
@@ -347,6 +372,12 @@ def _options(parser) -> None:
     parser.add_argument("--llama-cpp", metavar="DIR",
                         help="run the llama-cpp-python found in DIR (e.g. a build for this "
                              "machine) instead of the installed one")
+    parser.add_argument("--only", metavar="TEXT",
+                        help="only the models whose label contains TEXT (e.g. Q4_K)")
+    parser.add_argument("--cpu-kernels", metavar="LEVEL",
+                        help="polydev's CPU kernels of LEVEL (POLYDEV_CPU_KERNELS), e.g. "
+                             "x86-64-v3 for an AVX2 processor's figures beside the AVX2 "
+                             "llama.cpp wheel")
 
 
 def _opencl_figure(label: str, path: str, reps: int) -> dict:
