@@ -83,11 +83,14 @@ def _row_by_row(backend, raw, qtype, x):
 
 
 @pytest.mark.parametrize("qtype", INTERLEAVED_TYPES, ids=str)
-# 1: decode; 4 and 5: a tile of four rows, and one after it; 70: a prompt's tiles and three
-# rows left over
-@pytest.mark.parametrize("n", [1, 4, 5, 70])
+# 1: decode; 4, 5, 8 and 9: a tile of four or eight rows and one after it (AVX2's tiles are
+# four rows, AVX-512's eight; more rows than a tile unpack the weights once for all tiles);
+# 70: a prompt's tiles and rows left over
+@pytest.mark.parametrize("n", [1, 4, 5, 8, 9, 70])
 def test_interleaved_product_is_the_int16_product(fast_cpu, rng, qtype, n):
     m, k = 48, 768                        # three groups of 16 rows; three 256-value blocks
+    if qtype.traits.block_size == 32:
+        k = 32 * 19         # unpacked eight 32-value blocks at a time: two spans and a part
     raw = random_blocks(rng, qtype, m, k)
     x = f32(rng, (n, k))
     x[:, :qtype.traits.block_size] *= 1e-3      # a block of small values keeps its precision

@@ -191,45 +191,138 @@ static void interleave_32(int type, const uint8_t *src[ROWS16], uint8_t *o) {
 #define TILE 4
 #endif
 
-/* what a kernel of one group needs of ROWS activation rows from r0 on */
+/* what a kernel of one group needs of ROWS activation rows */
 typedef struct {
     const int16_t *x[TILE];     /* each row's int16 values */
     const float *e[TILE];       /* each row's scale per block */
     const float *sums[TILE];    /* each row's float sum per 32 values */
 } act_rows;
 
+/* rows r0 .. r0 + ROWS - 1 of `a`, from value v0 on (a multiple of the blocks' values) */
 static inline __attribute__((always_inline)) act_rows act_rows_at(const int16_rows *a,
-                                                                  int64_t r0, int ROWS) {
+                                                                  int64_t r0, int ROWS,
+                                                                  int64_t v0) {
     act_rows t;
     const int64_t ne = a->K / a->group, ns = a->K / 32;
     for (int r = 0; r < ROWS; r++) {
-        t.x[r] = a->q + (r0 + r) * a->K;
-        t.e[r] = a->e + (r0 + r) * ne;
-        t.sums[r] = a->sums + (r0 + r) * ns;
+        t.x[r] = a->q + (r0 + r) * a->K + v0;
+        t.e[r] = a->e + (r0 + r) * ne + v0 / a->group;
+        t.sums[r] = a->sums + (r0 + r) * ns + v0 / 32;
     }
     return t;
+}
+
+/* --- a group block's chunks as int16 pairs: unpacked where they are used (a few activation
+ * rows), or once into a scratch span that every tile of a prompt's rows then reads. A span
+ * is 256 values: one K-quant block (128 vectors of pairs) or eight 32-value blocks (16
+ * each); vector v of block b of a span is at w16 + 32 (slots b + v). */
+
+static inline int span_blocks(int type) { return block_values(type) == QK_K ? 1 : 8; }
+static inline int slots(int type) { return block_values(type) == QK_K ? 128 : 16; }
+#define SPAN_VALUES (ROWS16 * QK_K)             /* int16 of one span's unpacked pairs */
+
+/* Q4_K, Q5_K: chunk j of sub-block g (vectors 16 g + 2 j and 16 g + 2 j + 1) */
+static inline __attribute__((always_inline)) void k4_chunk(int type, const uint8_t *p, int g,
+                                                           int j, r16_pairs *lo, r16_pairs *hi) {
+    const uint8_t *q = p + K4_HEADER + k4_group_bytes(type) * g;
+    r16_nibbles(q + 32 * j, type == T_Q5_K ? q + 256 + 8 * j : 0, lo, hi);
+}
+
+/* Q6_K: chunk j of sub-block g, its low (high 0) or high nibbles as 6-bit values, unpacked
+ * as bytes 16 rows at once: the top 2 bits of chunk j sit at bit 4 (j / 4) + 2 high of the
+ * sub-block's high-bit vector j % 4 (vector 16 g + 8 high + j) */
+static inline __attribute__((always_inline)) r16_pairs q6_chunk(const uint8_t *p, int g,
+                                                                int high, int j) {
+    const uint8_t *q = p + 288 + 384 * g;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * (j & 3)));
+    const int s = 4 * (j >> 2) + 2 * high;
+    __m256i nib = high ? _mm256_srli_epi16(v, 4) : v;
+    nib = _mm256_and_si256(nib, _mm256_set1_epi8(0xF));
+    /* 16-bit shifts: the bits a byte takes from its neighbour are masked off */
+    __m256i top = s < 4 ? _mm256_slli_epi16(h, 4 - s) : s > 4 ? _mm256_srli_epi16(h, s - 4) : h;
+    top = _mm256_and_si256(top, _mm256_set1_epi8(0x30));
+    return r16_widen_i8(_mm256_sub_epi8(_mm256_or_si256(nib, top), _mm256_set1_epi8(32)));
+}
+
+/* a 32-value block's chunk j as signed values: Q8_0's 16 chunks (vector j, in lo), the
+ * others' 8 as low and high nibbles (vectors 2 j, 2 j + 1) */
+static inline __attribute__((always_inline)) void b32_chunk(int type, const uint8_t *p, int j,
+                                                            r16_pairs *lo, r16_pairs *hi) {
+    const int header = header_32(type);
+    if (type == T_Q8_0) {
+        *lo = r16_i8(p + 32 + 32 * j);
+        return;
+    }
+    r16_nibbles(p + header + 32 * j, has_fifth_32(type) ? p + header + 256 + 8 * j : 0, lo, hi);
+    if (!has_min_32(type)) {
+        const short offset = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0;
+        *lo = r16_sub(*lo, offset);
+        *hi = r16_sub(*hi, offset);
+    }
+}
+
+/* n group blocks from p (one span) unpacked into w16 */
+static inline __attribute__((always_inline)) void unpack_span(int type, const uint8_t *p,
+                                                              int64_t n, int16_t *w16) {
+    for (int64_t b = 0; b < n; b++, p += group_block_bytes(type)) {
+        int16_t *w = w16 + 32 * slots(type) * b;
+        r16_pairs lo, hi;
+        for (int g = 0; g < 8 && block_values(type) == QK_K; g++)
+            for (int j = 0; j < 8; j++) {
+                if (type == T_Q6_K) {
+                    r16_keep(w + 32 * (16 * g + j), q6_chunk(p, g, 0, j));
+                    r16_keep(w + 32 * (16 * g + 8 + j), q6_chunk(p, g, 1, j));
+                    continue;
+                }
+                k4_chunk(type, p, g, j, &lo, &hi);
+                r16_keep(w + 32 * (16 * g + 2 * j), lo);
+                r16_keep(w + 32 * (16 * g + 2 * j + 1), hi);
+            }
+        for (int j = 0; j < (type == T_Q8_0 ? 16 : 8) && block_values(type) == QK; j++) {
+            b32_chunk(type, p, j, &lo, &hi);
+            r16_keep(w + 32 * (type == T_Q8_0 ? j : 2 * j), lo);
+            if (type != T_Q8_0) r16_keep(w + 32 * (2 * j + 1), hi);
+        }
+    }
+}
+
+/* The kernels of one group: nb blocks from p for ROWS activation rows t, their 16 results
+ * per row stored at y (row r at y + r y_stride), or added to what is there (`accumulate`).
+ * w16: the blocks unpacked (unpack_span), or 0 to unpack them here. */
+#define GROUP_BODY(NAME) static inline __attribute__((always_inline)) void NAME(             \
+    int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,           \
+    int64_t y_stride, const int16_t *w16, int accumulate)
+
+static inline __attribute__((always_inline)) void start_rows(r16_floats *acc, int ROWS,
+                                                             const float *y, int64_t y_stride,
+                                                             int accumulate) {
+    for (int r = 0; r < ROWS; r++)
+        acc[r] = accumulate ? r16_loadf(y + r * y_stride) : r16_floats_zero();
 }
 
 /* Q4_K and Q5_K: each sub-block's int32 sums times its scale (at most 32 * 31 * 32767 * 63,
  * below 2^31) in float, times the block's d e; the minimums' term in float as in int_dot.c.
  * Each sub-block's terms go straight into the row's one float sum: 8 rows then hold 16 of
  * AVX-512's 32 vector registers (their int32 sums and their float sums). */
-static inline __attribute__((always_inline)) void group_k4(
-        int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
-        int64_t y_stride) {
+GROUP_BODY(group_k4) {
     const int CHAINS = ROWS == 1 ? 2 : 1;        /* one row: two chains of dependent sums */
     r16_floats acc[TILE];
-    for (int r = 0; r < ROWS; r++) acc[r] = r16_floats_zero();
+    start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
         const r16_floats d = r16_fp16(p), dmin = r16_fp16(p + 32);
         for (int g = 0; g < 8; g++) {
             r16_sums s[TILE][2];
             for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = r16_sums_zero();
-            const uint8_t *q = p + K4_HEADER + k4_group_bytes(type) * g;
             _Pragma("GCC unroll 8")
             for (int j = 0; j < 8; j++) {
                 r16_pairs lo, hi;
-                r16_nibbles(q + 32 * j, type == T_Q5_K ? q + 256 + 8 * j : 0, &lo, &hi);
+                if (w16) {
+                    lo = r16_load(w16 + 32 * (128 * b + 16 * g + 2 * j));
+                    hi = r16_load(w16 + 32 * (128 * b + 16 * g + 2 * j + 1));
+                } else {
+                    k4_chunk(type, p, g, j, &lo, &hi);
+                }
                 for (int r = 0; r < ROWS; r++) {
                     const int16_t *x = t.x[r] + QK_K * b + 32 * g + 2 * j;
                     s[r][j % CHAINS] = r16_dot_pair(s[r][j % CHAINS], lo, x);
@@ -253,36 +346,21 @@ static inline __attribute__((always_inline)) void group_k4(
  * nibbles) and its last 16 (the high ones) have scales of their own, so they are summed in
  * two passes over its chunks: one pass would keep two sums per row, which for 4 rows fill
  * AVX2's 16 registers (the second pass reads the chunks again from L1). */
-static inline __attribute__((always_inline)) void group_q6_k(
-        int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
-        int64_t y_stride) {
+GROUP_BODY(group_q6_k) {
     (void)type;
     r16_floats acc[TILE];
-    for (int r = 0; r < ROWS; r++) acc[r] = r16_floats_zero();
+    start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += Q6_K_X16) {
         const r16_floats d = r16_fp16(p);
         for (int g = 0; g < 8; g++) {
-            const uint8_t *q = p + 288 + 384 * g;
             _Pragma("GCC unroll 2")
             for (int high = 0; high < 2; high++) {
                 r16_sums sums[TILE];
                 for (int r = 0; r < ROWS; r++) sums[r] = r16_sums_zero();
                 _Pragma("GCC unroll 8")
                 for (int j = 0; j < 8; j++) {
-                    /* unpacked as bytes, 16 rows at once: the 4 bits of the chunk's nibbles
-                     * and the top 2, which for chunk j sit at bit s of vector j % 4 */
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-                    const __m256i h =
-                        _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * (j & 3)));
-                    const int s = 4 * (j >> 2) + 2 * high;
-                    __m256i nib = high ? _mm256_srli_epi16(v, 4) : v;
-                    nib = _mm256_and_si256(nib, _mm256_set1_epi8(0xF));
-                    /* 16-bit shifts: the bits a byte takes from its neighbour are masked off */
-                    __m256i top = s < 4 ? _mm256_slli_epi16(h, 4 - s)
-                                : s > 4 ? _mm256_srli_epi16(h, s - 4) : h;
-                    top = _mm256_and_si256(top, _mm256_set1_epi8(0x30));
-                    const r16_pairs w = r16_widen_i8(
-                        _mm256_sub_epi8(_mm256_or_si256(nib, top), _mm256_set1_epi8(32)));
+                    const r16_pairs w = w16 ? r16_load(w16 + 32 * (128 * b + 16 * g + 8 * high + j))
+                                            : q6_chunk(p, g, high, j);
                     for (int r = 0; r < ROWS; r++)
                         sums[r] = r16_dot_pair(sums[r], w,
                                                t.x[r] + QK_K * b + 32 * g + 16 * high + 2 * j);
@@ -298,39 +376,30 @@ static inline __attribute__((always_inline)) void group_q6_k(
 
 /* the 32-value types: one block's int32 sums (at most 32 * 128 * 32767) times d e in float,
  * plus m times the block's float activation sum where the type has a minimum */
-static inline __attribute__((always_inline)) void group_32(
-        int type, const uint8_t *p, int64_t nb, act_rows t, const int ROWS, float *y,
-        int64_t y_stride) {
+GROUP_BODY(group_32) {
     const int CHAINS = ROWS == 1 ? 2 : 1;
-    const int header = header_32(type);
-    const short offset = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0;
+    const int chunks = type == T_Q8_0 ? 16 : 8;
     r16_floats acc[TILE];
-    for (int r = 0; r < ROWS; r++) acc[r] = r16_floats_zero();
+    start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
         r16_sums s[TILE][2];
         for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = r16_sums_zero();
-        if (type == T_Q8_0) {
-            _Pragma("GCC unroll 16")
-            for (int j = 0; j < 16; j++) {
-                r16_pairs v = r16_i8(p + 32 + 32 * j);
-                for (int r = 0; r < ROWS; r++)
-                    s[r][j % CHAINS] = r16_dot_pair(s[r][j % CHAINS], v, t.x[r] + QK * b + 2 * j);
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < chunks; j++) {
+            r16_pairs lo, hi;
+            if (w16 && type == T_Q8_0) {
+                lo = r16_load(w16 + 32 * (16 * b + j));
+            } else if (w16) {
+                lo = r16_load(w16 + 32 * (16 * b + 2 * j));
+                hi = r16_load(w16 + 32 * (16 * b + 2 * j + 1));
+            } else {
+                b32_chunk(type, p, j, &lo, &hi);
             }
-        } else {
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < 8; j++) {
-                r16_pairs lo, hi;
-                r16_nibbles(p + header + 32 * j,
-                            has_fifth_32(type) ? p + header + 256 + 8 * j : 0, &lo, &hi);
-                if (!has_min_32(type)) {
-                    lo = r16_sub(lo, offset);
-                    hi = r16_sub(hi, offset);
-                }
-                for (int r = 0; r < ROWS; r++) {
-                    const int16_t *x = t.x[r] + QK * b + 2 * j;
-                    s[r][j % CHAINS] = r16_dot_pair(s[r][j % CHAINS], lo, x);
+            for (int r = 0; r < ROWS; r++) {
+                const int16_t *x = t.x[r] + QK * b + 2 * j;
+                s[r][j % CHAINS] = r16_dot_pair(s[r][j % CHAINS], lo, x);
+                if (type != T_Q8_0)
                     s[r][(j + 1) % CHAINS] = r16_dot_pair(s[r][(j + 1) % CHAINS], hi, x + 16);
-                }
             }
         }
         const r16_floats d = r16_fp16(p);
@@ -344,22 +413,41 @@ static inline __attribute__((always_inline)) void group_32(
     for (int r = 0; r < ROWS; r++) r16_store(y + r * y_stride, acc[r]);
 }
 
-/* group G's 16 results for every activation row, TILE, TILE / 2 or 1 rows at a time */
+/* Group G's 16 results for every activation row, TILE, TILE / 2 or 1 rows at a time. More
+ * rows than one tile (a prompt) unpack each span of the group's blocks once into a scratch
+ * buffer on the stack (8 KiB: in L1), which every tile then reads: the unpacking was a
+ * third of the vector operations of a tile (two thirds for the 5- and 6-bit types). */
+#define ROW_TILES(BODY, TYPE, P, NB, V0, Y, W16, ACCUMULATE)                                 \
+    do {                                                                                    \
+        int64_t r0 = 0;                                                                     \
+        for (; r0 + TILE <= a->n_rows; r0 += TILE)                                          \
+            BODY(TYPE, P, NB, act_rows_at(a, r0, TILE, V0), TILE, Y + r0 * y_stride,        \
+                 y_stride, W16, ACCUMULATE);                                                \
+        for (; r0 + TILE / 2 <= a->n_rows; r0 += TILE / 2)                                  \
+            BODY(TYPE, P, NB, act_rows_at(a, r0, TILE / 2, V0), TILE / 2,                   \
+                 Y + r0 * y_stride, y_stride, W16, ACCUMULATE);                             \
+        for (; r0 < a->n_rows; r0++)                                                        \
+            BODY(TYPE, P, NB, act_rows_at(a, r0, 1, V0), 1, Y + r0 * y_stride, y_stride,    \
+                 W16, ACCUMULATE);                                                          \
+    } while (0)
+
 #define GROUP_KERNEL(NAME, BODY, TYPE)                                                      \
 static void NAME(const uint8_t *p, int64_t G, const int16_rows *a, float *y,               \
                  int64_t y_stride) {                                                        \
-    const int64_t nb = a->K / block_values(TYPE);                                           \
-    const uint8_t *group = p + G * nb * group_block_bytes(TYPE);                            \
-    int64_t r0 = 0;                                                                         \
-    for (; r0 + TILE <= a->n_rows; r0 += TILE)                                              \
-        BODY(TYPE, group, nb, act_rows_at(a, r0, TILE), TILE,                               \
-             y + r0 * y_stride + ROWS16 * G, y_stride);                                     \
-    for (; r0 + TILE / 2 <= a->n_rows; r0 += TILE / 2)                                      \
-        BODY(TYPE, group, nb, act_rows_at(a, r0, TILE / 2), TILE / 2,                       \
-             y + r0 * y_stride + ROWS16 * G, y_stride);                                     \
-    for (; r0 < a->n_rows; r0++)                                                            \
-        BODY(TYPE, group, nb, act_rows_at(a, r0, 1), 1, y + r0 * y_stride + ROWS16 * G,     \
-             y_stride);                                                                     \
+    const int64_t nb = a->K / block_values(TYPE), bytes = group_block_bytes(TYPE);          \
+    const uint8_t *group = p + G * nb * bytes;                                              \
+    y += ROWS16 * G;                                                                        \
+    if (a->n_rows <= TILE) {                                                                \
+        ROW_TILES(BODY, TYPE, group, nb, 0, y, (const int16_t *)0, 0);                      \
+        return;                                                                             \
+    }                                                                                       \
+    int16_t w16[SPAN_VALUES] __attribute__((aligned(64)));                                  \
+    for (int64_t b0 = 0; b0 < nb; b0 += span_blocks(TYPE)) {                                \
+        const int64_t n = nb - b0 < span_blocks(TYPE) ? nb - b0 : span_blocks(TYPE);        \
+        unpack_span(TYPE, group + b0 * bytes, n, w16);                                      \
+        ROW_TILES(BODY, TYPE, group + b0 * bytes, n, b0 * block_values(TYPE), y, w16,       \
+                  b0 > 0);                                                                  \
+    }                                                                                       \
 }
 
 GROUP_KERNEL(x16_q4_k, group_k4, T_Q4_K)

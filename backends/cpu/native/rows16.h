@@ -30,6 +30,9 @@ R16 r16_pairs r16_i8(const uint8_t *p) {
 }
 /* 32 signed bytes in a register, widened */
 R16 r16_pairs r16_widen_i8(__m256i q) { return _mm512_cvtepi8_epi16(q); }
+/* pairs stored unpacked (32 int16), and stored back */
+R16 r16_pairs r16_load(const int16_t *p) { return _mm512_load_si512((const void *)p); }
+R16 void r16_keep(int16_t *p, r16_pairs v) { _mm512_store_si512((void *)p, v); }
 R16 r16_pairs r16_and(r16_pairs v, short c) { return _mm512_and_si512(v, _mm512_set1_epi16(c)); }
 R16 r16_pairs r16_srl(r16_pairs v, int n) { return _mm512_srli_epi16(v, n); }
 R16 r16_pairs r16_sub(r16_pairs v, short c) { return _mm512_sub_epi16(v, _mm512_set1_epi16(c)); }
@@ -69,6 +72,7 @@ R16 r16_floats r16_u8_floats(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 R16 r16_floats r16_floats_zero(void) { return _mm512_setzero_ps(); }
+R16 r16_floats r16_loadf(const float *y) { return _mm512_loadu_ps(y); }
 R16 r16_floats r16_mul(r16_floats a, r16_floats b) { return _mm512_mul_ps(a, b); }
 R16 r16_floats r16_scaled(r16_floats a, float s) { return _mm512_mul_ps(a, _mm512_set1_ps(s)); }
 /* acc + a b, acc + a s and acc - a s */
@@ -105,6 +109,15 @@ R16 r16_pairs r16_widen_i8(__m256i q) {
     r16_pairs v = {{_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
                     _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1))}};
     return v;
+}
+R16 r16_pairs r16_load(const int16_t *p) {
+    r16_pairs v;
+    HALVES(_mm256_load_si256((const __m256i *)(p + 16 * k)));
+    return v;
+}
+R16 void r16_keep(int16_t *p, r16_pairs v) {
+    _mm256_store_si256((__m256i *)p, v.h[0]);
+    _mm256_store_si256((__m256i *)(p + 16), v.h[1]);
 }
 R16 r16_pairs r16_and(r16_pairs a, short c) {
     r16_pairs v;
@@ -199,6 +212,11 @@ R16 r16_floats r16_u8_floats(const uint8_t *p) {
 R16 r16_floats r16_floats_zero(void) {
     r16_floats v;
     HALVES(_mm256_setzero_ps());
+    return v;
+}
+R16 r16_floats r16_loadf(const float *y) {
+    r16_floats v;
+    HALVES(_mm256_loadu_ps(y + 8 * k));
     return v;
 }
 R16 r16_floats r16_mul(r16_floats a, r16_floats b) {
