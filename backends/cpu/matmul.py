@@ -17,9 +17,9 @@ float32 for BLAS); ``"exact"`` keeps the float32 products. A weight in a weights
 model's) that the build can interleave (``native/interleaved.c``: AVX2 and up; the block
 types but F16; rows a multiple of 16) multiplies from a copy with 16 rows interleaved,
 made on first use and kept in the device's weight cache, whatever the activation rows: eight
-at a time (four with AVX2), it also outran the GEMM and BLAS (with AVX-512 VNNI Q4_K 179
-against 106 GMAC/s, Q4_0 188 against 60-78; with AVX2 alone Q4_K 78 against 48 at 512 rows
-and 49 against 29 at one).
+at a time (four with AVX2), it also outran the GEMM and BLAS (one core at 512 rows, with
+AVX-512 VNNI Q4_K 178 against 106 GMAC/s, Q4_0 187 against 60-78; with AVX2 alone Q4_K 87
+against 48, Q5_K 89 against 51, and at one row 49 against 29).
 """
 
 from __future__ import annotations
