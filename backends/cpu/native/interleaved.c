@@ -341,17 +341,21 @@ GROUP_BODY(group_k4) {
     for (int r = 0; r < ROWS; r++) r16_store(y + r * y_stride, acc[r]);
 }
 
-/* Q6_K: each 16 values' int32 sums (at most 16 * 32 * 32767 * 128, below 2^31) times their
- * int8 scale, in float, then the block's d e. A sub-block's first 16 values (the chunks' low
- * nibbles) and its last 16 (the high ones) have scales of their own, so they are summed in
- * two passes over its chunks: one pass would keep two sums per row, which for 4 rows fill
- * AVX2's 16 registers (the second pass reads the chunks again from L1). */
+/* Q6_K: each 16 values' int32 sums (at most 16 * 32 * 32768 = 2^24: exact in float) times
+ * their int8 scale times d, in float, summed over the block; then times each row's e. (An
+ * integer multiply per sub-block half and row took 15% of a prompt's time on AVX-512; the
+ * block's float sums fit beside 8 rows' other registers here, not in the K4 kernels.) A
+ * sub-block's first 16 values (the chunks' low nibbles) and its last 16 (the high ones) have
+ * scales of their own, so they are summed in two passes over its chunks: one pass would
+ * keep two sums per row, which for 4 rows fill AVX2's 16 registers. */
 GROUP_BODY(group_q6_k) {
     (void)type;
     r16_floats acc[TILE];
     start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += Q6_K_X16) {
         const r16_floats d = r16_fp16(p);
+        r16_floats block[TILE];
+        for (int r = 0; r < ROWS; r++) block[r] = r16_floats_zero();
         for (int g = 0; g < 8; g++) {
             _Pragma("GCC unroll 2")
             for (int high = 0; high < 2; high++) {
@@ -365,11 +369,12 @@ GROUP_BODY(group_q6_k) {
                         sums[r] = r16_dot_pair(sums[r], w,
                                                t.x[r] + QK_K * b + 32 * g + 16 * high + 2 * j);
                 }
+                const r16_floats scale = r16_mul(d, r16_i8_floats(p + 32 + 32 * g + 16 * high));
                 for (int r = 0; r < ROWS; r++)
-                    acc[r] = r16_fma(r16_float(r16_times_i8(sums[r], p + 32 + 32 * g + 16 * high)),
-                                     r16_scaled(d, t.e[r][b]), acc[r]);
+                    block[r] = r16_fma(r16_float(sums[r]), scale, block[r]);
             }
         }
+        for (int r = 0; r < ROWS; r++) acc[r] = r16_add_scaled(acc[r], block[r], t.e[r][b]);
     }
     for (int r = 0; r < ROWS; r++) r16_store(y + r * y_stride, acc[r]);
 }

@@ -57,12 +57,9 @@ R16 r16_sums r16_dot_pair(r16_sums acc, r16_pairs w, const int16_t *x) {
 }
 R16 r16_sums r16_sums_zero(void) { return _mm512_setzero_si512(); }
 R16 r16_sums r16_sums_add(r16_sums a, r16_sums b) { return _mm512_add_epi32(a, b); }
-/* s times 16 per-row scales (bytes, unsigned or signed) in int32 */
+/* s times 16 per-row scales (bytes) in int32 */
 R16 r16_sums r16_times_u8(r16_sums s, const uint8_t *scales) {
     return _mm512_mullo_epi32(s, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)scales)));
-}
-R16 r16_sums r16_times_i8(r16_sums s, const uint8_t *scales) {
-    return _mm512_mullo_epi32(s, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)scales)));
 }
 R16 r16_floats r16_float(r16_sums s) { return _mm512_cvtepi32_ps(s); }
 R16 r16_floats r16_fp16(const uint8_t *p) {
@@ -70,6 +67,9 @@ R16 r16_floats r16_fp16(const uint8_t *p) {
 }
 R16 r16_floats r16_u8_floats(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+R16 r16_floats r16_i8_floats(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 R16 r16_floats r16_floats_zero(void) { return _mm512_setzero_ps(); }
 R16 r16_floats r16_loadf(const float *y) { return _mm512_loadu_ps(y); }
@@ -187,12 +187,6 @@ R16 r16_sums r16_times_u8(r16_sums s, const uint8_t *scales) {
         _mm_loadl_epi64((const __m128i *)(scales + 8 * k)))));
     return v;
 }
-R16 r16_sums r16_times_i8(r16_sums s, const uint8_t *scales) {
-    r16_sums v;
-    HALVES(_mm256_mullo_epi32(s.h[k], _mm256_cvtepi8_epi32(
-        _mm_loadl_epi64((const __m128i *)(scales + 8 * k)))));
-    return v;
-}
 R16 r16_floats r16_float(r16_sums s) {
     r16_floats v;
     HALVES(_mm256_cvtepi32_ps(s.h[k]));
@@ -206,6 +200,12 @@ R16 r16_floats r16_fp16(const uint8_t *p) {
 R16 r16_floats r16_u8_floats(const uint8_t *p) {
     r16_floats v;
     HALVES(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_loadl_epi64((const __m128i *)(p + 8 * k)))));
+    return v;
+}
+R16 r16_floats r16_i8_floats(const uint8_t *p) {
+    r16_floats v;
+    HALVES(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
         _mm_loadl_epi64((const __m128i *)(p + 8 * k)))));
     return v;
 }
