@@ -22,8 +22,8 @@ import sys
 import time
 
 from figures import parse_args, print_figures, run_child  # bench/figures.py
-from models import (N_GEN, N_PROMPT, TINYLLAMA, RandomTokens, generation_rate, scale_model,
-                    with_llama_cpp)
+from models import (N_GEN, N_PROMPT, TINYLLAMA, RandomTokens, generation_rate, llama_cpp_rates,
+                    scale_model, with_llama_cpp)
 
 MODELS = {f"llama 1B-class {t}": dict(TINYLLAMA, weight_type=t) for t in ("Q4_K", "Q8_0")}
 N_CTX = N_PROMPT + N_GEN + 64
@@ -88,20 +88,7 @@ def llama_cpp_child(path: str, ngl: int, reps: int) -> dict:
     rng = RandomTokens(0)
     llm = llama_cpp.Llama(path, n_gpu_layers=ngl, n_ctx=N_CTX, n_batch=512,
                           n_threads=_threads(), verbose=False)
-    vocab = llm.n_vocab()
-    llm.eval(rng.integers(0, vocab, N_PROMPT))                            # warm-up
-    pp, tg = [], []
-    for _ in range(reps):
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(rng.integers(0, vocab, N_PROMPT))
-        pp.append(N_PROMPT / (time.perf_counter() - start))
-        llm.reset()
-        llm.eval([1])
-        start = time.perf_counter()
-        for token in rng.integers(0, vocab, N_GEN):
-            llm.eval([token])
-        tg.append(N_GEN / (time.perf_counter() - start))
+    pp, tg = llama_cpp_rates(llm, rng, reps)
     llm.close()
     return {"pp": pp, "tg": tg}
 

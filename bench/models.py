@@ -29,7 +29,6 @@ Prints a table, or with --json one JSON object.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -251,11 +250,8 @@ def polydev_opencl_child(path: str, reps: int) -> dict:
         return {"tg": tg, "tg_cpu": tg_cpu, "ngl": ngl, "n_layer": n_layer}
 
 
-def llama_cpp_child(path: str, reps: int) -> dict:
-    import llama_cpp
-
-    rng = RandomTokens(0)
-    llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=512, n_threads=2, verbose=False)
+def llama_cpp_rates(llm, rng, reps: int) -> tuple[list[float], list[float]]:
+    """A llama_cpp.Llama's pp512 and tg128 t/s, ``reps`` rounds after a warm-up prompt."""
     vocab = llm.n_vocab()
     llm.eval(rng.integers(0, vocab, N_PROMPT))                            # warm-up
     pp, tg = [], []
@@ -270,9 +266,18 @@ def llama_cpp_child(path: str, reps: int) -> dict:
         for token in rng.integers(0, vocab, N_GEN):
             llm.eval([token])
         tg.append(N_GEN / (time.perf_counter() - start))
+    return pp, tg
+
+
+def llama_cpp_child(path: str, reps: int) -> dict:
+    import llama_cpp
+
+    rng = RandomTokens(0)
+    llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=512, n_threads=2, verbose=False)
+    pp, tg = llama_cpp_rates(llm, rng, reps)
     llm.reset()
     start = time.perf_counter()
-    llm.eval(rng.integers(0, vocab, N_LONG))
+    llm.eval(rng.integers(0, llm.n_vocab(), N_LONG))
     pp_long = [N_LONG / (time.perf_counter() - start)]
     llm.close()
     return {"pp": pp, "pp_long": pp_long, "tg": tg, "rss": _peak_rss()}

@@ -89,6 +89,14 @@ def cpu():
         yield b
 
 
+@pytest.fixture
+def fast_cpu():
+    """The CPU backend as it computes by default (numerics="fast": int16 activations)."""
+    with polydev.init_backend("CPU") as b:
+        assert b.numerics == "fast"
+        yield b
+
+
 def compute(backend, build: Callable, *arrays: np.ndarray,
             types: Sequence[GGMLType | None] | None = None) -> np.ndarray:
     """Build ``build(ctx, *input_tensors)`` over inputs holding ``arrays`` (numpy shape =

@@ -61,13 +61,6 @@ class WeightProduct:
         self.wbuf.close()
 
 
-@pytest.fixture
-def fast_cpu():
-    with polydev.init_backend("CPU") as b:
-        assert b.numerics == "fast"
-        yield b
-
-
 def _row_by_row(backend, raw, qtype, x):
     """The same product with the weight in a compute buffer: the int16 kernels on the weight's
     own layout (row by row, or the GEMM of the K-quants from 8 rows on)."""

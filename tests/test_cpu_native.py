@@ -34,14 +34,6 @@ def cpu():
         yield b
 
 
-@pytest.fixture
-def fast_cpu():
-    """The CPU backend as it computes by default (numerics="fast": int16 activations)."""
-    with polydev.init_backend("CPU") as b:
-        assert b.numerics == "fast"
-        yield b
-
-
 def _product(cpu, raw, qtype, b):
     return compute(cpu, lambda ctx, w, x: ops.mul_mat(ctx, w, x), raw, b, types=[qtype, None])
 
