@@ -19,7 +19,7 @@ from polydev.ops import alibi_slopes
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, pack
+from .native import kernels, pack, tensor_words
 
 F16, F32 = GGMLType.F16, GGMLType.F32
 
@@ -47,15 +47,11 @@ def bind_native_flash_attn(env, node: Tensor) -> Callable[[], None]:
     slopes = (np.ascontiguousarray(alibi_slopes(n_head, max_bias), dtype=np.float32)
               if max_bias > 0 else None)
 
-    def ptr(t: Tensor) -> int:
-        return env.view(t).ctypes.data
-    m_args = ((ptr(mask), mask.nb[1], mask.nb[2], mask.nb[3], mask.ne[2], mask.ne[3])
-              if mask is not None else (None, 0, 0, 0, 1, 1))
-    args = pack(ptr(q), q.nb[1], q.nb[2], q.nb[3], ptr(k), k.nb[1], k.nb[2], k.nb[3],
-                ptr(v), v.nb[1], v.nb[2], v.nb[3], *m_args, ptr(node), q.ne[0], v.ne[0],
-                q.ne[1], n_head, k.ne[2], q.ne[3], 0, k.ne[1],
+    def tensor(t: Tensor | None) -> tuple[int, ...]:
+        return tensor_words(env.view(t).ctypes.data if t is not None else 0, t)
+    args = pack(*tensor(q), *tensor(k), *tensor(v), *tensor(mask), *tensor(node), 0, k.ne[1],
                 slopes.ctypes.data if slopes is not None else None,
-                ptr(sinks) if sinks is not None else None, env.n_threads)
+                env.view(sinks).ctypes.data if sinks is not None else None, env.n_threads)
     run_kernel, where = lib.flash_attn_f16_packed, args.ctypes.data
 
     def run() -> None:

@@ -12,7 +12,7 @@ from typing import Callable
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, pack
+from .native import kernels, pack, tensor_words
 
 
 def native_rms_norm_ok(node: Tensor) -> bool:
@@ -24,8 +24,8 @@ def native_rms_norm_ok(node: Tensor) -> bool:
 def bind_native_rms_norm(env, node: Tensor) -> Callable[[], None]:
     a = node.src[0]
     (eps,) = node.op_params
-    args = pack(env.view(a).ctypes.data, *a.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
-                *node.ne, env.n_threads)
+    args = pack(*tensor_words(env.view(a).ctypes.data, a),
+                *tensor_words(env.view(node).ctypes.data, node))
     rms_norm, where = kernels().rms_norm_f32_packed, args.ctypes.data
 
     def run() -> None:

@@ -18,7 +18,7 @@ from polydev.ops import RopeMode
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, pack
+from .native import kernels, pack, tensor_words
 
 
 def native_rope_ok(node: Tensor) -> bool:
@@ -49,9 +49,9 @@ def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
     # arrays and their addresses, which the memo keeps alive)
     key = ("rope-native", mode, n_dims, half, tuple(params[4:11]), tuple(sections))
     inputs = (pos,) if freq_factors is None else (pos, freq_factors)
-    args = pack(env.view(a).ctypes.data, *a.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
-                *node.ne, n_offs, half, int(mode == RopeMode.NEOX),
-                int(not same_memory(node, a)))
+    args = pack(*tensor_words(env.view(a).ctypes.data, a),
+                *tensor_words(env.view(node).ctypes.data, node), n_offs, half,
+                int(mode == RopeMode.NEOX), int(not same_memory(node, a)))
     rope, where = kernels().rope_f32_packed, args.ctypes.data
 
     def run() -> None:

@@ -15,7 +15,7 @@ from polydev.backends.array.movement import bind_set_rows
 from polydev.tensor import Tensor
 from polydev.types import TYPE_TRAITS, GGMLType
 
-from .native import kernels, pack
+from .native import kernels, pack, tensor_words
 
 _DST_TYPES = (GGMLType.F32, GGMLType.F16)
 
@@ -29,9 +29,9 @@ def native_set_rows_ok(node: Tensor) -> bool:
 
 def bind_native_set_rows(env, node: Tensor) -> Callable[[], None]:
     b, c = node.src[0], node.src[1]
-    args = pack(env.view(b).ctypes.data, *b.nb[1:], env.view(node).ctypes.data, *node.nb[1:],
-                env.view(c).ctypes.data, int(c.type == GGMLType.I64), *c.nb[:3], c.ne[1],
-                c.ne[2], node.ne[0], b.ne[1], node.ne[1], node.ne[2], node.ne[3],
+    args = pack(*tensor_words(env.view(b).ctypes.data, b),
+                *tensor_words(env.view(node).ctypes.data, node),
+                *tensor_words(env.view(c).ctypes.data, c), int(c.type == GGMLType.I64),
                 int(node.type == GGMLType.F16))
     set_rows, where = kernels().set_rows_f32_packed, args.ctypes.data
     checked = bind_set_rows(env, node)   # raises the error for a bad index; fp16 without F16C

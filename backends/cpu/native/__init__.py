@@ -68,6 +68,15 @@ def pack(*args: int | None) -> np.ndarray:
     return np.array([0 if a is None else int(a) for a in args], dtype=np.int64)
 
 
+def tensor_words(address: int, t) -> tuple[int, ...]:
+    """A tensor argument of a packed entry point (``pd_tensor`` in blocks.h, as the OpenCL
+    and CUDA kernels take theirs): the address of its first byte, then ``t.ne`` and
+    ``t.nb``; for an absent tensor (``t`` None) a NULL address, one element, no strides."""
+    if t is None:
+        return (0, 1, 1, 1, 1, 0, 0, 0, 0)
+    return (address, *t.ne, *t.nb)
+
+
 class NativeKernels:
     """The loaded library's entry points, with their C signatures declared; ``variant`` is
     its feature level, ``origin`` "installed" (built with the package) or "built" (by the

@@ -43,7 +43,8 @@ static inline void f16_axpy(float *y, const uint8_t *v, float a, int64_t n) {
 
 #define FA_THREAD_WORK (1 << 16)     /* multiply-adds from which attention runs threaded */
 
-/* FLASH_ATTN_EXT's operands, as pd_flash_attn_f16 takes them. Strides are in bytes;
+/* FLASH_ATTN_EXT's operands as the kernels below read them (pd_flash_attn_f16 makes them
+ * from its tensors). Strides are in bytes;
  * q[s][i][h] (D floats), k/v[s][h_kv][cell] (D / Dv halves), mask[s % m3][h % m2][i][cell]
  * (halves, or NULL), out[s][i][h] (Dv floats, contiguous); the cells [lo, hi) are attended;
  * slopes (ALiBi, per head) and sinks (per head) may be NULL. */
@@ -436,28 +437,31 @@ static int attend_blocked(const fa_op *op, int n_threads) {
 }
 #endif
 
-/* FLASH_ATTN_EXT with fp16 K and V (see fa_op for the layout) */
-void pd_flash_attn_f16(const uint8_t *q, int64_t q1, int64_t q2, int64_t q3,
-                       const uint8_t *k, int64_t k1, int64_t k2, int64_t k3,
-                       const uint8_t *v, int64_t v1, int64_t v2, int64_t v3,
-                       const uint8_t *mask, int64_t m1, int64_t m2s, int64_t m3s,
-                       int64_t m2, int64_t m3, float *out, int64_t D, int64_t Dv,
-                       int64_t n_q, int64_t n_head, int64_t n_head_kv, int64_t n_seq,
-                       int64_t lo, int64_t hi, float scale, float softcap,
-                       const float *slopes, const float *sinks, int n_threads) {
-    const fa_op op = {q, k, v, mask, q1, q2, q3, k1, k2, k3, v1, v2, v3, m1, m2s, m3s, m2, m3,
-                      out, D, Dv, n_q, n_head, n_head_kv, n_seq, lo, hi, scale, softcap, slopes,
+/* FLASH_ATTN_EXT with fp16 K and V over the cells [lo, hi): q [n_seq][n_head][n_q][D]
+ * float32, k and v [n_seq][n_head_kv][cells][D or Dv] fp16, mask [.][.][n_q][cells] fp16
+ * (broadcast over heads and sequences; its data NULL for none), out [n_seq][n_q][n_head][Dv]
+ * float32 and contiguous; slopes (ALiBi) and sinks per head, or NULL. */
+void pd_flash_attn_f16(const pd_tensor *q, const pd_tensor *k, const pd_tensor *v,
+                       const pd_tensor *mask, const pd_tensor *out, int64_t lo, int64_t hi,
+                       float scale, float softcap, const float *slopes, const float *sinks,
+                       int n_threads) {
+    const fa_op op = {q->data, k->data, v->data, mask->data,
+                      q->nb[1], q->nb[2], q->nb[3], k->nb[1], k->nb[2], k->nb[3],
+                      v->nb[1], v->nb[2], v->nb[3], mask->nb[1], mask->nb[2], mask->nb[3],
+                      mask->ne[2], mask->ne[3], (float *)out->data, q->ne[0], v->ne[0],
+                      q->ne[1], q->ne[2], k->ne[2], q->ne[3], lo, hi, scale, softcap, slopes,
                       sinks};
 #ifdef BLOCKED_ATTENTION
-    if (n_q >= FA_MIN_QUERIES && attend_blocked(&op, n_threads)) return;
+    if (op.n_q >= FA_MIN_QUERIES && attend_blocked(&op, n_threads)) return;
 #endif
     attend_by_rows(&op, n_threads);
 }
 
 void pd_flash_attn_f16_packed(const int64_t *a, float scale, float softcap) {
-    pd_flash_attn_f16(P_PTR(0), a[1], a[2], a[3], P_PTR(4), a[5], a[6], a[7],
-                      P_PTR(8), a[9], a[10], a[11], P_PTR(12), a[13], a[14], a[15], a[16], a[17],
-                      (float *)P_PTR(18), a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26],
-                      scale, softcap, (const float *)P_PTR(27), (const float *)P_PTR(28),
-                      (int)a[29]);
+    const pd_tensor q = tensor_at(a), k = tensor_at(a + TENSOR_WORDS);
+    const pd_tensor v = tensor_at(a + 2 * TENSOR_WORDS), mask = tensor_at(a + 3 * TENSOR_WORDS);
+    const pd_tensor out = tensor_at(a + 4 * TENSOR_WORDS);
+    const int64_t *p = a + 5 * TENSOR_WORDS;
+    pd_flash_attn_f16(&q, &k, &v, &mask, &out, p[0], p[1], scale, softcap,
+                      (const float *)(intptr_t)p[2], (const float *)(intptr_t)p[3], (int)p[4]);
 }

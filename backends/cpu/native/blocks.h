@@ -54,6 +54,25 @@ static inline int block_bytes(int type) {
 /* the packed entry points' arguments: pointer i of the int64 array a */
 #define P_PTR(i) ((const uint8_t *)(intptr_t)a[i])
 
+/* A tensor argument, as the OpenCL and CUDA kernels take theirs (TENSOR(t) in their common
+ * headers): the address of its first byte, ne[4] and nb[4] in ggml's layout (bytes). In a
+ * packed argument array it is TENSOR_WORDS int64 in that order (native.tensor_words). */
+typedef struct {
+    uint8_t *data;
+    int64_t ne[4], nb[4];
+} pd_tensor;
+#define TENSOR_WORDS 9
+
+static inline pd_tensor tensor_at(const int64_t *a) {
+    pd_tensor t = {(uint8_t *)(intptr_t)a[0], {a[1], a[2], a[3], a[4]}, {a[5], a[6], a[7], a[8]}};
+    return t;
+}
+
+/* the address of row (i1, i2, i3) of t */
+static inline uint8_t *tensor_row(const pd_tensor *t, int64_t i1, int64_t i2, int64_t i3) {
+    return t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
 static inline float f16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);

@@ -633,18 +633,15 @@ void pd_f16_to_f32(const uint8_t *src, int64_t n0, int64_t n1, int64_t s1, int64
  * results are equal. Strides in bytes; a and d may be the same memory (each pair is read
  * before it is written). Channels outside [n_offs, n_offs + 2 half) are copied when
  * copy_rest is set. */
-void pd_rope_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
-                 uint8_t *d, int64_t d1, int64_t d2, int64_t d3,
-                 int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
-                 int64_t n_offs, int64_t half, int neox, int copy_rest,
-                 const float *cos_t, const float *sin_t) {
+void pd_rope_f32(const pd_tensor *a, const pd_tensor *d, int64_t n_offs, int64_t half,
+                 int neox, int copy_rest, const float *cos_t, const float *sin_t) {
     int64_t step = neox ? 1 : 2, other = neox ? half : 1;
-    for (int64_t i3 = 0; i3 < ne3; i3++)
-        for (int64_t i2 = 0; i2 < ne2; i2++) {
+    for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < d->ne[2]; i2++) {
             const float *c = cos_t + i2 * half, *s = sin_t + i2 * half;
-            for (int64_t i1 = 0; i1 < ne1; i1++) {
-                const float *x = (const float *)(a + i3 * a3 + i2 * a2 + i1 * a1);
-                float *y = (float *)(d + i3 * d3 + i2 * d2 + i1 * d1);
+            for (int64_t i1 = 0; i1 < d->ne[1]; i1++) {
+                const float *x = (const float *)tensor_row(a, i1, i2, i3);
+                float *y = (float *)tensor_row(d, i1, i2, i3);
                 const float *xr = x + n_offs;
                 float *yr = y + n_offs;
                 for (int64_t p = 0; p < half; p++) {
@@ -656,7 +653,7 @@ void pd_rope_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
                 }
                 if (copy_rest) {
                     for (int64_t k = 0; k < n_offs; k++) y[k] = x[k];
-                    for (int64_t k = n_offs + 2 * half; k < ne0; k++) y[k] = x[k];
+                    for (int64_t k = n_offs + 2 * half; k < d->ne[0]; k++) y[k] = x[k];
                 }
             }
         }
@@ -664,14 +661,13 @@ void pd_rope_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
 
 /* RMS_NORM of float32 rows, as ggml's CPU kernel: the sum of squares in double, then
  * y = x * (1 / sqrtf(mean + eps)). Strides in bytes; a and d may be the same memory. */
-void pd_rms_norm_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
-                     uint8_t *d, int64_t d1, int64_t d2, int64_t d3,
-                     int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, float eps) {
-    for (int64_t i3 = 0; i3 < ne3; i3++)
-        for (int64_t i2 = 0; i2 < ne2; i2++)
-            for (int64_t i1 = 0; i1 < ne1; i1++) {
-                const float *x = (const float *)(a + i3 * a3 + i2 * a2 + i1 * a1);
-                float *y = (float *)(d + i3 * d3 + i2 * d2 + i1 * d1);
+void pd_rms_norm_f32(const pd_tensor *a, const pd_tensor *d, float eps) {
+    const int64_t ne0 = d->ne[0];
+    for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < d->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < d->ne[1]; i1++) {
+                const float *x = (const float *)tensor_row(a, i1, i2, i3);
+                float *y = (float *)tensor_row(d, i1, i2, i3);
                 double sum = 0.0;
                 for (int64_t k = 0; k < ne0; k++) sum += (double)(x[k] * x[k]);
                 const float scale = 1.0f / sqrtf((float)(sum / (double)ne0) + eps);
@@ -680,31 +676,34 @@ void pd_rms_norm_f32(const uint8_t *a, int64_t a1, int64_t a2, int64_t a3,
 }
 
 /* SET_ROWS of float32 rows into float32 or fp16 rows (a KV cache): row i of src[i3][i2] goes
- * to dst row idx[i3 % cn2][i2 % cn1][i] of dst[i3][i2], as ggml broadcasts the indices.
- * Every index is checked before anything is written: returns 0, or 1 (nothing written) when
- * one is outside [0, a1), or 2 (nothing written) for fp16 rows on a CPU without F16C. fp16
- * rounds to nearest-even, as numpy's astype. Strides in bytes. */
-int pd_set_rows_f32(const uint8_t *src, int64_t s1, int64_t s2, int64_t s3,
-                    uint8_t *dst, int64_t d1, int64_t d2, int64_t d3,
-                    const uint8_t *idx, int idx64, int64_t c0, int64_t c1, int64_t c2,
-                    int64_t cn1, int64_t cn2, int64_t ne0, int64_t n, int64_t a1,
-                    int64_t a2, int64_t a3, int dst_f16) {
+ * to dst row idx[i3 % idx.ne[2]][i2 % idx.ne[1]][i] of dst[i3][i2], as ggml broadcasts the
+ * indices (int32, or int64 where idx64). Every index is checked before anything is written:
+ * returns 0, or 1 (nothing written) when one is outside [0, dst.ne[1]), or 2 (nothing
+ * written) for fp16 rows on a CPU without F16C. fp16 rounds to nearest-even, as numpy's
+ * astype. */
+static inline int64_t row_index(const pd_tensor *idx, int idx64, int64_t i, int64_t i2,
+                                int64_t i3) {
+    const uint8_t *at = tensor_row(idx, i2 % idx->ne[1], i3 % idx->ne[2], 0) + i * idx->nb[0];
+    return idx64 ? *(const int64_t *)at : (int64_t)*(const int32_t *)at;
+}
+
+int pd_set_rows_f32(const pd_tensor *src, const pd_tensor *dst, const pd_tensor *idx, int idx64,
+                    int dst_f16) {
 #if !(defined(__F16C__) && defined(__AVX__))
     if (dst_f16) return 2;
 #endif
-#define PD_INDEX(i3, i2, i) (idx64 ? *(const int64_t *)(idx + ((i3) % cn2) * c2 + ((i2) % cn1) * c1 + (i) * c0) \
-                                   : (int64_t)*(const int32_t *)(idx + ((i3) % cn2) * c2 + ((i2) % cn1) * c1 + (i) * c0))
-    for (int64_t i3 = 0; i3 < a3; i3++)
-        for (int64_t i2 = 0; i2 < a2; i2++)
-            for (int64_t i = 0; i < n; i++) {
-                int64_t r = PD_INDEX(i3, i2, i);
-                if (r < 0 || r >= a1) return 1;
+    const int64_t ne0 = dst->ne[0];
+    for (int64_t i3 = 0; i3 < dst->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < dst->ne[2]; i2++)
+            for (int64_t i = 0; i < src->ne[1]; i++) {
+                int64_t r = row_index(idx, idx64, i, i2, i3);
+                if (r < 0 || r >= dst->ne[1]) return 1;
             }
-    for (int64_t i3 = 0; i3 < a3; i3++)
-        for (int64_t i2 = 0; i2 < a2; i2++)
-            for (int64_t i = 0; i < n; i++) {
-                const float *x = (const float *)(src + i3 * s3 + i2 * s2 + i * s1);
-                uint8_t *row = dst + i3 * d3 + i2 * d2 + PD_INDEX(i3, i2, i) * d1;
+    for (int64_t i3 = 0; i3 < dst->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < dst->ne[2]; i2++)
+            for (int64_t i = 0; i < src->ne[1]; i++) {
+                const float *x = (const float *)tensor_row(src, i, i2, i3);
+                uint8_t *row = tensor_row(dst, row_index(idx, idx64, i, i2, i3), i2, i3);
                 if (!dst_f16) {
                     memcpy(row, x, (size_t)ne0 * 4);
                     continue;
@@ -718,14 +717,14 @@ int pd_set_rows_f32(const uint8_t *src, int64_t s1, int64_t s2, int64_t s3,
                 for (; k < ne0; k++) h[k] = _cvtss_sh(x[k], _MM_FROUND_TO_NEAREST_INT);
 #endif
             }
-#undef PD_INDEX
     return 0;
 }
 
 /* Packed entry points: the backend binds each call once and replays it every step, so it packs
- * the integer arguments (pointers, strides, sizes, flags, in the unpacked function's order)
- * into one int64 array; a call then converts one pointer through ctypes instead of 11 to 30
- * arguments at about 0.3 µs each. Float arguments and per-step pointers stay separate. */
+ * the integer arguments (tensors as TENSOR_WORDS words each, then pointers, strides, sizes
+ * and flags, in the unpacked function's order) into one int64 array; a call then converts
+ * one pointer through ctypes instead of 11 to 30 arguments at about 0.3 µs each. Float
+ * arguments and per-step pointers stay separate. */
 
 void pd_mul_mat_packed(const int64_t *a) {
     pd_mul_mat((int)a[0], P_PTR(1), a[2], a[3], a[4], (const float *)P_PTR(5), a[6], a[7],
@@ -734,17 +733,19 @@ void pd_mul_mat_packed(const int64_t *a) {
 
 
 void pd_rope_f32_packed(const int64_t *a, const float *cos_t, const float *sin_t) {
-    pd_rope_f32(P_PTR(0), a[1], a[2], a[3], (uint8_t *)P_PTR(4), a[5], a[6], a[7], a[8], a[9],
-                a[10], a[11], a[12], a[13], (int)a[14], (int)a[15], cos_t, sin_t);
+    const pd_tensor src = tensor_at(a), dst = tensor_at(a + TENSOR_WORDS);
+    const int64_t *p = a + 2 * TENSOR_WORDS;
+    pd_rope_f32(&src, &dst, p[0], p[1], (int)p[2], (int)p[3], cos_t, sin_t);
 }
 
 void pd_rms_norm_f32_packed(const int64_t *a, float eps) {
-    pd_rms_norm_f32(P_PTR(0), a[1], a[2], a[3], (uint8_t *)P_PTR(4), a[5], a[6], a[7], a[8],
-                    a[9], a[10], a[11], eps);
+    const pd_tensor src = tensor_at(a), dst = tensor_at(a + TENSOR_WORDS);
+    pd_rms_norm_f32(&src, &dst, eps);
 }
 
 int pd_set_rows_f32_packed(const int64_t *a) {
-    return pd_set_rows_f32(P_PTR(0), a[1], a[2], a[3], (uint8_t *)P_PTR(4), a[5], a[6], a[7],
-                           P_PTR(8), (int)a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16],
-                           a[17], a[18], a[19], (int)a[20]);
+    const pd_tensor src = tensor_at(a), dst = tensor_at(a + TENSOR_WORDS);
+    const pd_tensor idx = tensor_at(a + 2 * TENSOR_WORDS);
+    const int64_t *p = a + 3 * TENSOR_WORDS;
+    return pd_set_rows_f32(&src, &dst, &idx, (int)p[0], (int)p[1]);
 }
