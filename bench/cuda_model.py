@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 from figures import parse_args, print_figures, run_child  # bench/figures.py
-from models import (N_GEN, N_PROMPT, TINYLLAMA, RandomTokens, generation_rate, llama_cpp_rates,
+from models import (N_GEN, N_PROMPT, TINYLLAMA, RandomTokens, llama_cpp_rates, polydev_rates,
                     scale_model, with_llama_cpp)
 
 MODELS = {f"llama 1B-class {t}": dict(TINYLLAMA, weight_type=t) for t in ("Q4_K", "Q8_0")}
@@ -45,15 +44,7 @@ def polydev_child(path: str, ngl: int, reps: int) -> dict:
 
     rng = RandomTokens(0)
     with load(path, devices=["CUDA0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as model:
-        vocab = model.hparams.n_vocab
-        model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))          # warm-up: kernels built
-        pp, tg = [], []
-        for _ in range(reps):
-            model.reset()
-            start = time.perf_counter()
-            model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))
-            pp.append(N_PROMPT / (time.perf_counter() - start))
-            tg.append(generation_rate(model, rng))
+        pp, tg = polydev_rates(model, rng, reps)
         return {"pp": pp, "tg": tg}
 
 

@@ -133,6 +133,21 @@ def generation_rate(model, rng) -> float:
     return N_GEN / (time.perf_counter() - start)
 
 
+def polydev_rates(model, rng, reps: int) -> tuple[list[float], list[float]]:
+    """A polydev model's pp512 and tg128 t/s, ``reps`` rounds after a warm-up prompt (which
+    also binds the kernels)."""
+    vocab = model.hparams.n_vocab
+    model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))              # warm-up
+    pp, tg = [], []
+    for _ in range(reps):
+        model.reset()
+        start = time.perf_counter()
+        model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))
+        pp.append(N_PROMPT / (time.perf_counter() - start))
+        tg.append(generation_rate(model, rng))
+    return pp, tg
+
+
 def polydev_child(path: str, reps: int) -> dict:
     from polydev.models import load
 
@@ -140,18 +155,10 @@ def polydev_child(path: str, reps: int) -> dict:
     start_rss = _rss_now()                      # the interpreter, numpy, polydev, tokenizers
     with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False) as model:
         loaded_rss = _rss_now()
-        vocab = model.hparams.n_vocab
-        model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))          # warm-up
-        pp, tg = [], []
-        for _ in range(reps):
-            model.reset()
-            start = time.perf_counter()
-            model.evaluator.eval(rng.integers(0, vocab, N_PROMPT))
-            pp.append(N_PROMPT / (time.perf_counter() - start))
-            tg.append(generation_rate(model, rng))
+        pp, tg = polydev_rates(model, rng, reps)
         model.reset()
         start = time.perf_counter()
-        model.evaluator.eval(rng.integers(0, vocab, N_LONG))
+        model.evaluator.eval(rng.integers(0, model.hparams.n_vocab, N_LONG))
         pp_long = [N_LONG / (time.perf_counter() - start)]
         overhead = _overhead_per_node(model, rng)
         return {"pp": pp, "pp_long": pp_long, "tg": tg, "rss": _peak_rss(), "start_rss": start_rss,
