@@ -268,7 +268,15 @@ static inline __attribute__((always_inline)) void unpack_span(int type, const ui
     for (int64_t b = 0; b < n; b++, p += group_block_bytes(type)) {
         int16_t *w = w16 + 32 * slots(type) * b;
         r16_pairs lo, hi;
-        for (int g = 0; g < 8 && block_values(type) == QK_K; g++)
+        if (block_values(type) == QK) {
+            for (int j = 0; j < (type == T_Q8_0 ? 16 : 8); j++) {
+                b32_chunk(type, p, j, &lo, &hi);
+                r16_keep(w + 32 * (type == T_Q8_0 ? j : 2 * j), lo);
+                if (type != T_Q8_0) r16_keep(w + 32 * (2 * j + 1), hi);
+            }
+            continue;
+        }
+        for (int g = 0; g < 8; g++)
             for (int j = 0; j < 8; j++) {
                 if (type == T_Q6_K) {
                     r16_keep(w + 32 * (16 * g + j), q6_chunk(p, g, 0, j));
@@ -279,11 +287,6 @@ static inline __attribute__((always_inline)) void unpack_span(int type, const ui
                 r16_keep(w + 32 * (16 * g + 2 * j), lo);
                 r16_keep(w + 32 * (16 * g + 2 * j + 1), hi);
             }
-        for (int j = 0; j < (type == T_Q8_0 ? 16 : 8) && block_values(type) == QK; j++) {
-            b32_chunk(type, p, j, &lo, &hi);
-            r16_keep(w + 32 * (type == T_Q8_0 ? j : 2 * j), lo);
-            if (type != T_Q8_0) r16_keep(w + 32 * (2 * j + 1), hi);
-        }
     }
 }
 
@@ -318,8 +321,8 @@ GROUP_BODY(group_k4) {
             for (int j = 0; j < 8; j++) {
                 r16_pairs lo, hi;
                 if (w16) {
-                    lo = r16_load(w16 + 32 * (128 * b + 16 * g + 2 * j));
-                    hi = r16_load(w16 + 32 * (128 * b + 16 * g + 2 * j + 1));
+                    lo = r16_load(w16 + 32 * (slots(type) * b + 16 * g + 2 * j));
+                    hi = r16_load(w16 + 32 * (slots(type) * b + 16 * g + 2 * j + 1));
                 } else {
                     k4_chunk(type, p, g, j, &lo, &hi);
                 }
@@ -363,7 +366,8 @@ GROUP_BODY(group_q6_k) {
                 for (int r = 0; r < ROWS; r++) sums[r] = r16_sums_zero();
                 _Pragma("GCC unroll 8")
                 for (int j = 0; j < 8; j++) {
-                    const r16_pairs w = w16 ? r16_load(w16 + 32 * (128 * b + 16 * g + 8 * high + j))
+                    const int v = 16 * g + 8 * high + j;
+                    const r16_pairs w = w16 ? r16_load(w16 + 32 * (slots(type) * b + v))
                                             : q6_chunk(p, g, high, j);
                     for (int r = 0; r < ROWS; r++)
                         sums[r] = r16_dot_pair(sums[r], w,
@@ -393,10 +397,10 @@ GROUP_BODY(group_32) {
         for (int j = 0; j < chunks; j++) {
             r16_pairs lo, hi;
             if (w16 && type == T_Q8_0) {
-                lo = r16_load(w16 + 32 * (16 * b + j));
+                lo = r16_load(w16 + 32 * (slots(type) * b + j));
             } else if (w16) {
-                lo = r16_load(w16 + 32 * (16 * b + 2 * j));
-                hi = r16_load(w16 + 32 * (16 * b + 2 * j + 1));
+                lo = r16_load(w16 + 32 * (slots(type) * b + 2 * j));
+                hi = r16_load(w16 + 32 * (slots(type) * b + 2 * j + 1));
             } else {
                 b32_chunk(type, p, j, &lo, &hi);
             }
