@@ -5,6 +5,7 @@ It uses only what ``polydev`` exports and asks the registry for devices; it neve
 backend module (DESIGN.md). Needs the ``models`` extra (``pip install 'polydev[models]'``).
 """
 
+from .batch import Batch, UBatch
 from .default_model import default_model_path
 from .gguf import GGUFFile, GGUFTensorInfo, StringArray
 from .hparams import HParams
@@ -15,7 +16,7 @@ from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, Vocab
 
 __all__ = [
-    "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray", "HParams",
+    "Batch", "UBatch", "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray", "HParams",
     "ModelWeights", "load_weights", "Model", "load", "Sampler", "SamplingParams", "DeviceUsage",
     "Placement", "TensorPlacement", "parse_size", "plan_placement", "Tokenizer", "Vocab",
 ]

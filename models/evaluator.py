@@ -1,7 +1,8 @@
 """Tokens in, logits out: the step loop over one ``Scheduler``.
 
-A prompt is evaluated in ubatches of ``n_batch`` tokens; each ubatch's graph computes logits
-only for the rows asked for (the last token unless all are wanted). Graphs are built once per
+A batch (tokens of one sequence, or of many: ``decode``) is evaluated in ubatches of
+``n_batch`` tokens; each ubatch's tokens are placed in free cells of the KV cache and its graph
+computes logits only for the rows asked for. Graphs are built once per
 ``StepShape`` and computed again with new inputs, set after allocation on every step; the
 scheduler reuses its splits, allocation and bound plans when the same graph comes back, so a
 decode step is a replay.
@@ -12,17 +13,19 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from polydev import Backend, Scheduler, tensor_get
-from polydev.errors import InvalidArgumentError
+from polydev.errors import ContextFullError, InvalidArgumentError
 from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
 from .arch import builder
+from .batch import Batch, UBatch
 from .kv_cache import KVCache
+from .kv_cells import MAX_SEQUENCES
 from .layers import Weights
 from .loader import ModelWeights
 from .step import StepGraph, StepShape
@@ -30,7 +33,8 @@ from .step import StepGraph, StepShape
 __all__ = ["Evaluator", "Timings"]
 
 log = logging.getLogger(__name__)
-_GRAPHS_KEPT = 8            # prompt shapes come and go; decode shapes are few
+_GRAPHS_KEPT = 32           # prompt shapes come and go; many sequences decode in batches of
+                            # every size up to their number
 
 
 @dataclass
@@ -89,52 +93,53 @@ class Evaluator(Resource):
             raise
         self._graphs: OrderedDict[StepShape, StepGraph] = OrderedDict()
         self._last_graph: StepGraph | None = None       # the graph of the last step
-        self.n_past = 0
         self.timings = Timings()
 
+    @property
+    def n_past(self) -> int:
+        """Tokens cached for sequence 0, the one ``eval`` continues."""
+        return self.kv.seq_pos_max(0) + 1
+
     def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
-        """Evaluate ``tokens`` after the cached ones; the logits of the last token, [n_vocab]
-        (or of every token, [n_tokens, n_vocab], with ``all_logits``)."""
+        """Evaluate ``tokens`` after the cached ones of sequence 0; the logits of the last token,
+        [n_vocab] (or of every token, [n_tokens, n_vocab], with ``all_logits``)."""
         self._check_open()
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if tokens.size == 0:
-            raise InvalidArgumentError("eval needs at least one token")
-        if tokens.min() < 0 or tokens.max() >= self.hp.n_vocab:
-            bad = int(tokens[(tokens < 0) | (tokens >= self.hp.n_vocab)][0])
-            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary "
-                                       f"[0, {self.hp.n_vocab})")
-        if self.n_past + tokens.size > self.kv.size:
-            raise InvalidArgumentError(
-                f"the context holds {self.kv.size} tokens: {self.n_past} are cached and "
-                f"{tokens.size} more do not fit (raise n_ctx, or reset)")
-        start, rows = time.perf_counter(), []
-        for first in range(0, tokens.size, self.n_batch):
-            chunk = tokens[first:first + self.n_batch]
-            last = first + chunk.size == tokens.size
-            n_out = chunk.size if all_logits else 1
-            logits = self._step(chunk, n_out)
-            if all_logits or last:
-                rows.append(logits)
-        self.timings.add(int(tokens.size), time.perf_counter() - start, tokens.size > 1)
-        out = rows[0] if len(rows) == 1 else np.concatenate(rows)   # one step: no copy
+        tokens = self._checked_tokens(tokens)
+        ub = UBatch.of_sequence(tokens, self.n_past, 0, "all" if all_logits else "last")
+        out = self._run(ub)
         return out if all_logits else out[-1]
 
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Evaluate ``batch`` (tokens of one or many sequences); the logits of the tokens it
+        asked for, [n_asked, n_vocab], in the batch's order. Nothing of it stays cached when
+        it fails."""
+        self._check_open()
+        return self._run(self._ubatch(batch))
+
     def reset(self) -> None:
-        """Forget the cached sequence."""
-        self.n_past = 0
+        """Forget every cached sequence."""
         self.kv.clear()
 
     def truncate(self, n: int) -> None:
-        """Keep only the first ``n`` cached tokens. The cells after them need no clearing: the
-        next tokens overwrite them before any step can attend to them (the mask hides every
-        cell past a token's own position)."""
+        """Keep only the first ``n`` cached tokens of sequence 0."""
         if not 0 <= n <= self.n_past:
             raise InvalidArgumentError(f"cannot keep {n} of {self.n_past} cached tokens")
-        self.n_past = n
+        self.kv.seq_rm(0, n)
+
+    def prepare(self, ub: UBatch) -> tuple[StepGraph, np.ndarray]:
+        """Place ``ub``'s tokens in free cells of the cache; the graph of the step (built if
+        its shape is new, not yet allocated) and the cells."""
+        cells = self.kv.cells.find(ub.n_tokens)
+        if cells is None:
+            raise ContextFullError(
+                f"the context holds {self.kv.size} tokens: {self.kv.cells.used} are cached and "
+                f"{ub.n_tokens} more do not fit (raise n_ctx, or free sequences)")
+        self.kv.cells.assign(cells, ub.positions, ub.seq_ids)
+        return self.graph(ub.n_tokens, max(1, ub.outputs.size)), cells
 
     def graph(self, n_tokens: int, n_outputs: int = 1) -> StepGraph:
-        """The graph for a step of ``n_tokens`` at the current position (built if new)."""
-        n_kv = self.kv.n_kv(self.n_past + n_tokens)
+        """The graph for a step of ``n_tokens`` over the cells in use (built if new)."""
+        n_kv = self.kv.n_kv()
         last = self._last_graph
         if (last is not None and last.shape.n_kv == n_kv and last.shape.n_tokens == n_tokens
                 and last.shape.n_outputs == n_outputs):
@@ -150,18 +155,71 @@ class Evaluator(Resource):
         self._graphs.move_to_end(shape)
         return g
 
-    def _step(self, chunk: np.ndarray, n_out: int) -> np.ndarray:
-        g = self.graph(chunk.size, n_out)
+    def _checked_tokens(self, tokens) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise InvalidArgumentError("eval needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= self.hp.n_vocab:
+            bad = int(tokens[(tokens < 0) | (tokens >= self.hp.n_vocab)][0])
+            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary "
+                                       f"[0, {self.hp.n_vocab})")
+        return tokens.astype(np.int32)
+
+    def _ubatch(self, batch: Batch) -> UBatch:
+        """``batch`` checked against the cache, its positions filled in."""
+        tokens = self._checked_tokens(batch.tokens)
+        seq_ids = np.asarray(batch.seq_ids, dtype=np.int32)
+        bad = seq_ids[(seq_ids < 0) | (seq_ids >= MAX_SEQUENCES)]
+        if bad.size:
+            raise InvalidArgumentError(f"sequence id {int(bad[0])} is outside "
+                                       f"[0, {MAX_SEQUENCES})")
+        following: dict[int, int] = {}
+        positions = np.empty(tokens.size, dtype=np.int32)
+        for i, (seq, pos) in enumerate(zip(batch.seq_ids, batch.positions)):
+            expected = following.get(seq)
+            if expected is None:
+                expected = self.kv.seq_pos_max(seq) + 1
+            if pos is not None and pos != expected:
+                raise InvalidArgumentError(
+                    f"token {i} of the batch is at position {pos} of sequence {seq}, which "
+                    f"continues at position {expected}")
+            positions[i] = expected
+            following[seq] = expected + 1
+        outputs = np.flatnonzero(np.asarray(batch.logits, dtype=bool)).astype(np.int32)
+        return UBatch(tokens, positions, seq_ids, outputs)
+
+    def _run(self, ub: UBatch) -> np.ndarray:
+        """Evaluate ``ub`` in pieces of ``n_batch``; the logits of its output rows. When a
+        piece fails, the tokens of ``ub`` already cached are forgotten (llama.cpp's rollback)."""
+        if ub.n_tokens > self.kv.cells.free:
+            raise ContextFullError(
+                f"the context holds {self.kv.size} tokens: {self.kv.cells.used} are cached and "
+                f"{ub.n_tokens} more do not fit (raise n_ctx, or free sequences)")
+        start, rows = time.perf_counter(), []
+        try:
+            for piece in ub.split(self.n_batch):
+                rows.append(self._step(piece))
+        except BaseException:
+            for seq in np.unique(ub.seq_ids):
+                self.kv.seq_rm(int(seq), int(ub.positions[ub.seq_ids == seq].min()))
+            raise
+        self.timings.add(ub.n_tokens, time.perf_counter() - start, ub.n_tokens > 1)
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)   # one step: no copy
+
+    def _step(self, ub: UBatch) -> np.ndarray:
+        wanted = ub.outputs.size
+        if not wanted:              # a graph outputs at least one row; none is returned
+            ub = replace(ub, outputs=np.array([ub.n_tokens - 1], dtype=np.int32))
+        g, cells = self.prepare(ub)
         self.sched.alloc_graph(g.graph)
-        g.set_inputs(chunk, self.n_past)
+        g.set_inputs(ub, cells)
         self.sched.compute(g.graph)
-        self.n_past += chunk.size
         if g is not self._last_graph:        # the same graph again keeps its splits
             self.timings.splits = self.sched.splits_per_backend()
             self._last_graph = g
         self.timings.copied_bytes = dict(self.sched.copied_bytes)
         raw = tensor_get(g.logits)
-        return raw.view(np.float32).reshape(n_out, self.hp.n_vocab)
+        return raw.view(np.float32).reshape(-1, self.hp.n_vocab)[:wanted]
 
     def _describe(self) -> str:
         return "the evaluator"

@@ -1,10 +1,12 @@
 """The KV cache: per layer, a K and a V matrix of ``kv_size`` cells on that layer's device.
 
-A cell holds one token's keys (``n_embd_k_gqa`` values) or values; cell ``i`` is the token at
-position ``i`` (one sequence). Graphs write a batch's rows with SET_ROWS at the batch's cell
-indices and read the first ``n_kv`` cells through views of what SET_ROWS returns, so every
-read is ordered after the write by the graph's own edges. ``n_kv`` is the filled length
-padded to 256 cells: a decode graph keeps its shape for 256 steps (llama.cpp pads the same way).
+A cell holds one token's keys (``n_embd_k_gqa`` values) or values; ``cells`` (``KVCells``)
+says which token of which sequences each cell holds, as llama.cpp's unified cache: many
+sequences share one cache, and a prompt prefix they have in common is stored once
+(``seq_cp``). Graphs write a batch's rows with SET_ROWS at the cells the batch was given and
+read the first ``n_kv`` cells through views of what SET_ROWS returns, so every read is ordered
+after the write by the graph's own edges. ``n_kv`` is the span of cells in use padded to 256
+cells: a decode graph keeps its shape for 256 steps (llama.cpp pads the same way).
 
 Types are llama.cpp's: F16 by default, Q8_0 or F32 on request (``type_k``/``type_v``).
 """
@@ -17,6 +19,7 @@ from polydev.errors import InvalidArgumentError
 from polydev.lifetime import Resource
 
 from .hparams import HParams
+from .kv_cells import KVCells
 from .placement import KV_PAD, Placement, kv_size
 
 __all__ = ["KVCache", "KV_TYPES"]
@@ -44,6 +47,7 @@ class KVCache(Resource):
                                            f"{head}")
         self.hp = hp
         self.size = kv_size(n_ctx)
+        self.cells = KVCells(self.size)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers: list[Buffer] = []
@@ -72,9 +76,29 @@ class KVCache(Resource):
         """Bytes the cache holds on all its devices."""
         return sum(b.size for b in self.buffers)
 
-    def n_kv(self, n_past: int) -> int:
-        """Cells a graph attends over once ``n_past`` positions are filled."""
-        return min(self.size, max(KV_PAD, -(-n_past // KV_PAD) * KV_PAD))
+    def n_kv(self) -> int:
+        """Cells a graph attends over: those up to the last one in use, padded."""
+        end = self.cells.end
+        return min(self.size, max(KV_PAD, -(-end // KV_PAD) * KV_PAD))
+
+    # --- sequences: llama.cpp's llama_memory_seq_* ------------------------------------------
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Forget positions [p0, p1) of ``seq_id`` (p1 < 0: to the end; seq_id < 0: every
+        sequence)."""
+        self.cells.seq_rm(seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Give ``dst`` the positions [p0, p1) of ``src``: the cells are shared, not copied."""
+        self.cells.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Forget every sequence but ``seq_id``."""
+        self.cells.seq_keep(seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last cached position of ``seq_id``; -1 when it has none."""
+        return self.cells.seq_pos_max(seq_id)
 
     def store_and_view(self, ctx: Context, il: int, k: Tensor, v: Tensor, cells: Tensor,
                        n_kv: int) -> tuple[Tensor, Tensor]:
@@ -93,7 +117,8 @@ class KVCache(Resource):
         return k_view, v_view
 
     def clear(self) -> None:
-        """Forget every cell (``Model.reset``)."""
+        """Forget every cell of every sequence (``Model.reset``)."""
+        self.cells.clear()
         for buf in self.buffers:
             buf.clear(0)
 

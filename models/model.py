@@ -18,10 +18,13 @@ from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
 from .chat_template import render_chat
+from .batch import Batch
 from .default_model import default_model_path
+from .engine import BatchEngine, Piece
 from .evaluator import Evaluator, Timings
 from .gguf import GGUFFile
 from .kv_cache import KVCache
+from .kv_cells import MAX_SEQUENCES
 from .loader import ModelWeights, load_weights
 from .placement import Placement, plan_placement
 from .sampling import Sampler, SamplingParams
@@ -101,6 +104,21 @@ class Model(Resource):
         self._logits = self.evaluator.eval(tokens, all_logits)
         self.tokens += [int(t) for t in tokens]
 
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Evaluate a ``Batch`` of tokens of one or many sequences (llama.cpp's
+        ``llama_decode``); the logits of the tokens it asks for, [n_asked, n_vocab], in its
+        order. Sequence 0 is the one ``eval`` and ``generate`` continue; ``memory`` holds every
+        sequence's cells (``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_pos_max``)."""
+        self._check_open()
+        logits = self.evaluator.decode(batch)
+        self.tokens += [t for t, seq in zip(batch.tokens, batch.seq_ids) if seq == 0]
+        return logits
+
+    @property
+    def memory(self) -> KVCache:
+        """The KV cache and its sequences (llama.cpp's ``llama_get_memory``)."""
+        return self.kv
+
     def logits(self) -> np.ndarray:
         """The logits of the last ``eval``: [n_vocab], or [n_tokens, n_vocab] (a copy)."""
         if self._logits is None:
@@ -174,6 +192,7 @@ class Model(Resource):
         conversation re-sends its history every turn); returns the tokens still to evaluate
         (at least one, for its logits)."""
         keep = 0
+        self.tokens = self.tokens[:self.evaluator.n_past]    # memory.seq_rm may have cut it
         for cached, new in zip(self.tokens, ids[:-1]):
             if cached != new:
                 break
@@ -181,6 +200,40 @@ class Model(Resource):
         self.evaluator.truncate(keep)
         self.tokens, self._logits = self.tokens[:keep], None
         return ids[keep:]
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, *,
+                       n_parallel: int | None = None, stop: Sequence[str] = (),
+                       add_special: bool = True, parse_special: bool = False,
+                       **sampling: Any) -> list[str]:
+        """The continuations of several prompts, generated together by continuous batching
+        over ``n_parallel`` sequences (default: one per prompt, at most 64); each prompt gets
+        its own sampler with the same settings (``temperature``, ``seed``, ... as
+        ``generate``). The cache is shared: the prompts and their continuations must fit
+        ``n_ctx`` together, or the longest ones end early. Starts the context over."""
+        ids = [self.tokenize(p, add_special, parse_special) if isinstance(p, str)
+               else [int(t) for t in p] for p in prompts]
+        params = SamplingParams(**sampling)
+        engine = BatchEngine(self, n_parallel or max(1, min(len(ids), MAX_SEQUENCES)),
+                             max_queued=max(len(ids), 1))
+        self.tokens, self._logits = [], None
+        texts = [""] * len(ids)
+        failures: list[Exception] = []
+
+        def collect(i: int):
+            def on_event(event) -> None:
+                if isinstance(event, Piece):
+                    texts[i] += event.text
+                elif event.error is not None:
+                    failures.append(event.error)
+            return on_event
+
+        for i, prompt in enumerate(ids):
+            engine.submit(prompt, collect(i), max_tokens=max_tokens, params=params, stops=stop)
+        engine.run_until_done()
+        self.reset()                # the sequences are the engine's; the context starts over
+        if failures:
+            raise failures[0]
+        return texts
 
     def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256,
              **sampling: Any) -> Iterator[str]:

@@ -23,6 +23,10 @@ class InvalidArgumentError(PolydevError, ValueError):
     """A parameter is out of its valid range."""
 
 
+class ContextFullError(InvalidArgumentError):
+    """A batch needs more cells of a model's context (its KV cache) than are free."""
+
+
 class ConfigError(InvalidArgumentError):
     """A ``POLYDEV_*`` environment variable holds a value polydev cannot use."""
 

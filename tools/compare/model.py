@@ -42,18 +42,19 @@ def _values(t) -> np.ndarray | None:
 def compare_model(path: str, device_name: str, prompt: str, out=sys.stdout) -> int:
     """Compare the model's prompt graph on ``device_name`` against the CPU; 0 when every
     node is within its threshold."""
-    from polydev.models import load
+    from polydev.models import UBatch, load
 
     device = polydev.device(device_name)
     if device is polydev.device("CPU"):
         raise InvalidArgumentError("compare --model needs a device other than the CPU (-b)")
     with load(path, devices=[], n_ctx=256, progress=False) as model:
         ids = model.tokenize(prompt)[:256]
-        step = model.evaluator.graph(len(ids), 1)
+        ub = UBatch.of_sequence(ids, 0)
+        step, cells = model.evaluator.prepare(ub)
         cpu = model.evaluator.backends[-1]
         with GraphAllocator(cpu.default_buffer_type) as galloc, device.init_backend() as other:
             galloc.alloc_graph(step.graph)
-            step.set_inputs(np.asarray(ids), 0)
+            step.set_inputs(ub, cells)
             found: list = []
             checked = [0]
 

@@ -1,0 +1,369 @@
+"""Continuous batching: many requests decoded together over one model's KV cache.
+
+As llama-server's slots: each slot is a sequence of the cache. Requests wait in a queue and
+take a free slot between steps; every step evaluates one batch holding the next token of each
+decoding sequence and, in what room is left (``n_batch`` tokens in all), chunks of the prompts
+still being read, so a long prompt never stops the others. Each sequence samples with its own
+parameters and seed, and ends at an end-of-generation token, a stop string, ``max_tokens`` or
+a full context. A slot keeps its cached tokens when its request ends: a later request that
+begins the same way (a conversation's next turn) reads only what is new, and a request that
+shares a prefix with another slot's cache shares those cells (``seq_cp``) instead of
+recomputing them.
+
+Requests are submitted from any thread (``submit``, ``Handle.cancel``); ``step`` and
+``run`` belong to one thread, the one that owns the model. Results arrive through each
+request's ``on_event`` callback, called on that thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from polydev.errors import ContextFullError, InvalidArgumentError, PolydevError
+
+from .batch import Batch
+from .kv_cells import MAX_SEQUENCES
+from .sampling import Sampler, SamplingParams
+from .stop_strings import StopMatcher
+from .streaming import Utf8Stream
+
+__all__ = ["BatchEngine", "Handle", "Piece", "Finished", "QueueFullError"]
+
+log = logging.getLogger(__name__)
+_MIN_SHARED_PREFIX = 16     # a shorter common prefix is cheaper to recompute than to share
+
+
+class QueueFullError(PolydevError, RuntimeError):
+    """The engine's queue of waiting requests is full; try again later."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text generated for a request (whole UTF-8 characters, stop strings held back) and the
+    tokens sampled since the last piece (a token may show no text of its own)."""
+
+    text: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request's end: ``reason`` is "stop" (end-of-generation token or stop string),
+    "length" (``max_tokens`` or the context), "cancelled" or "error" (``error`` says why)."""
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int                  # prompt tokens found in the cache, not evaluated
+    first_token_seconds: float | None   # from submission to the first generated token
+    error: Exception | None = None
+
+
+Event = Piece | Finished
+
+
+@dataclass
+class Handle:
+    """A submitted request: its settings, and ``cancel()``."""
+
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    stops: tuple[str, ...]
+    on_event: Callable[[Event], None]
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """Stop the request at the next step and free its slot (any thread)."""
+        self.cancelled = True
+
+
+@dataclass
+class _Slot:
+    seq_id: int
+    cached: list[int] = field(default_factory=list)    # tokens of this sequence in the cache
+    handle: Handle | None = None
+    pending: list[int] = field(default_factory=list)   # prompt tokens still to evaluate
+    next_token: int | None = None                      # sampled, to evaluate next step
+    sampler: Sampler | None = None
+    utf8: Utf8Stream | None = None
+    stop: StopMatcher | None = None
+    generated: int = 0
+    unsent: list[int] = field(default_factory=list)    # generated, their text not yet shown
+    cached_prompt: int = 0
+    first_token: float | None = None
+    last_used: int = 0
+
+
+class BatchEngine:
+    """Requests over the ``n_slots`` sequences of ``model``'s cache (see the module doc)."""
+
+    def __init__(self, model, n_slots: int = 4, max_queued: int = 64) -> None:
+        if not 1 <= n_slots <= MAX_SEQUENCES:
+            raise InvalidArgumentError(f"n_slots must be in [1, {MAX_SEQUENCES}], got {n_slots}")
+        self.model = model
+        model.reset()                   # the engine owns every sequence of the cache
+        self.slots = [_Slot(seq_id) for seq_id in range(n_slots)]
+        self.max_queued = max_queued
+        self._queue: deque[Handle] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._steps = 0
+        self.generated_tokens = 0
+        self.prompt_tokens = 0
+
+    # --- any thread ---------------------------------------------------------------------------
+
+    def submit(self, prompt: Sequence[int], on_event: Callable[[Event], None], *,
+               max_tokens: int = 128, params: SamplingParams | None = None,
+               stops: Sequence[str] = ()) -> Handle:
+        """Queue a request for ``prompt`` (token ids); its events go to ``on_event``."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise InvalidArgumentError("the prompt has no tokens")
+        if max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        n_ctx, n_vocab = self.model.n_ctx, self.model.hparams.n_vocab
+        if len(prompt) >= n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt)} tokens; the context holds "
+                                   f"{n_ctx}, and at least one must be left to generate")
+        bad = [t for t in prompt if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary "
+                                       f"[0, {n_vocab})")
+        handle = Handle(prompt, max_tokens, params or SamplingParams(), tuple(stops), on_event)
+        with self._wake:
+            if len(self._queue) >= self.max_queued:
+                raise QueueFullError(f"{len(self._queue)} requests are waiting already")
+            self._queue.append(handle)
+            self._wake.notify()
+        return handle
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def processing(self) -> int:
+        return sum(s.handle is not None for s in self.slots)
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until a request is queued (or ``timeout`` seconds pass)."""
+        with self._wake:
+            if not self._queue:
+                self._wake.wait(timeout)
+
+    def wake(self) -> None:
+        """End a ``wait_for_work`` early (to stop the thread that runs the engine)."""
+        with self._wake:
+            self._wake.notify_all()
+
+    # --- the model's thread ---------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Admit waiting requests, evaluate one batch, sample; False when there was nothing
+        to do."""
+        self._steps += 1
+        self._drop_cancelled()
+        self._admit()
+        batch, owners = self._next_batch()
+        if not len(batch):
+            return False
+        try:
+            logits = self.model.decode(batch)
+        except PolydevError as e:           # the batch is rolled back; its requests end
+            log.error("a batch of %d tokens failed: %s", len(batch), e)
+            for slot in {id(s): s for s in self._slots_in(batch)}.values():
+                self._finish(slot, "error", e)
+            return True
+        self._record(batch)
+        for slot, row in zip(owners, logits):
+            if slot.handle is not None:
+                self._sample(slot, row)
+        return True
+
+    def run_until_done(self) -> None:
+        """Step until no request is waiting or running."""
+        while self._queue or self.processing:
+            self.step()
+
+    # --- admission --------------------------------------------------------------------------
+
+    def _drop_cancelled(self) -> None:
+        for slot in self.slots:
+            if slot.handle is not None and slot.handle.cancelled:
+                self._finish(slot, "cancelled")
+        with self._lock:
+            kept = [h for h in self._queue if not h.cancelled]
+            dropped = len(self._queue) - len(kept)
+            self._queue = deque(kept)
+        if dropped:
+            log.debug("%d waiting requests were cancelled", dropped)
+
+    def _admit(self) -> None:
+        while True:
+            free = [s for s in self.slots if s.handle is None]
+            with self._lock:
+                if not free or not self._queue:
+                    return
+                handle = self._queue.popleft()
+            self._start(self._pick_slot(free, handle.prompt), handle)
+
+    def _pick_slot(self, free: list[_Slot], prompt: list[int]) -> _Slot:
+        """The free slot whose cache begins as ``prompt`` does for longest; else the one
+        unused for longest."""
+        return max(free, key=lambda s: (_common_prefix(s.cached, prompt), -s.last_used))
+
+    def _start(self, slot: _Slot, handle: Handle) -> None:
+        prompt = handle.prompt
+        keep = _common_prefix(slot.cached, prompt[:-1])     # the last token gives logits
+        donor = max((s for s in self.slots if s is not slot), default=None,
+                    key=lambda s: _common_prefix(s.cached, prompt[:-1]))
+        shared = _common_prefix(donor.cached, prompt[:-1]) if donor else 0
+        kv = self.model.kv
+        if shared >= max(keep + 1, _MIN_SHARED_PREFIX):
+            kv.seq_rm(slot.seq_id)
+            kv.seq_cp(donor.seq_id, slot.seq_id, 0, shared)
+            keep = shared
+        else:
+            kv.seq_rm(slot.seq_id, keep)
+        slot.cached = prompt[:keep]
+        slot.handle, slot.pending, slot.next_token = handle, prompt[keep:], None
+        slot.sampler = Sampler(handle.params, self.model.n_ctx)
+        for t in prompt:
+            slot.sampler.accept(t)
+        slot.utf8, slot.stop = Utf8Stream(), StopMatcher(handle.stops)
+        slot.generated, slot.cached_prompt, slot.first_token = 0, keep, None
+        if handle.max_tokens == 0:
+            self._finish(slot, "length")
+
+    # --- the batch --------------------------------------------------------------------------
+
+    def _next_batch(self) -> tuple[Batch, list[_Slot]]:
+        """The next token of every decoding sequence, then prompt chunks in what room is
+        left; the slots whose logits come back, in the batch's order."""
+        decoding = [s for s in self.slots if s.handle is not None and s.next_token is not None]
+        reading = [s for s in self.slots if s.handle is not None and s.pending]
+        room = self._make_room(len(decoding), reading)
+        decoding = [s for s in decoding if s.handle is not None]    # some may have ended
+        batch, owners = Batch(), []
+        for slot in decoding:
+            batch.add(slot.next_token, slot.seq_id, logits=True)
+            owners.append(slot)
+            slot.last_used = self._steps
+        budget = min(self.model.evaluator.n_batch - len(decoding), room - len(decoding))
+        for slot in reading:
+            chunk = slot.pending[:max(budget, 0)]
+            if not chunk:
+                break
+            last = len(chunk) == len(slot.pending)
+            batch.add_sequence(chunk, slot.seq_id, logits="last" if last else "none")
+            if last:
+                owners.append(slot)
+            budget -= len(chunk)
+            slot.last_used = self._steps
+        return batch, owners
+
+    def _make_room(self, n_decoding: int, reading: list[_Slot]) -> int:
+        """Free cells for this step: idle slots' caches go first, then, while the decoding
+        sequences' next tokens do not fit, the longest one ends ("length"). When nothing
+        decodes and no prompt chunk fits, the prompt read last goes back to the queue."""
+        cells = self.model.kv.cells
+        if cells.free < n_decoding + (1 if reading else 0):
+            for slot in self.slots:
+                if slot.handle is None and slot.cached:
+                    self.model.kv.seq_rm(slot.seq_id)
+                    slot.cached = []
+        while cells.free < n_decoding:
+            longest = max((s for s in self.slots if s.next_token is not None and s.handle),
+                          key=lambda s: len(s.cached))
+            self._finish(longest, "length")
+            n_decoding -= 1
+        if not n_decoding and reading and not cells.free:
+            slot = reading[-1]
+            with self._lock:
+                self._queue.appendleft(slot.handle)
+            self.model.kv.seq_rm(slot.seq_id)
+            slot.handle, slot.cached, slot.pending = None, [], []
+            reading.pop()
+        return cells.free
+
+    def _slots_in(self, batch: Batch) -> list[_Slot]:
+        ids = set(batch.seq_ids)
+        return [s for s in self.slots if s.seq_id in ids]
+
+    def _record(self, batch: Batch) -> None:
+        """The batch is in the cache: move its tokens from pending to cached."""
+        counts: dict[int, list[int]] = {}
+        for token, seq in zip(batch.tokens, batch.seq_ids):
+            counts.setdefault(seq, []).append(token)
+        for slot in self.slots:
+            tokens = counts.get(slot.seq_id)
+            if not tokens:
+                continue
+            slot.cached += tokens
+            if slot.next_token is not None:
+                slot.next_token = None
+                self.generated_tokens += 1
+            else:
+                del slot.pending[:len(tokens)]
+                self.prompt_tokens += len(tokens)
+
+    # --- sampling ---------------------------------------------------------------------------
+
+    def _sample(self, slot: _Slot, logits: np.ndarray) -> None:
+        token = slot.sampler.sample(logits)
+        if slot.first_token is None:
+            slot.first_token = time.perf_counter() - slot.handle.submitted
+        tokenizer = self.model.tokenizer
+        if tokenizer.is_eog(token):
+            self._finish(slot, "stop")
+            return
+        slot.sampler.accept(token)
+        slot.generated += 1
+        slot.unsent.append(token)
+        text, stopped = slot.stop.feed(slot.utf8.feed(tokenizer.token_to_piece(token)))
+        if text:
+            self._send(slot, text)
+        if stopped:
+            self._finish(slot, "stop", flush=False)
+        elif slot.generated >= slot.handle.max_tokens:
+            self._finish(slot, "length")
+        elif len(slot.cached) + 1 >= self.model.n_ctx:
+            self._finish(slot, "length")
+        else:
+            slot.next_token = token
+
+    @staticmethod
+    def _send(slot: _Slot, text: str) -> None:
+        slot.handle.on_event(Piece(text, tuple(slot.unsent)))
+        slot.unsent = []
+
+    def _finish(self, slot: _Slot, reason: str, error: Exception | None = None,
+                flush: bool = True) -> None:
+        handle = slot.handle
+        if flush and reason not in ("cancelled", "error"):
+            tail, stopped = slot.stop.feed(slot.utf8.flush())
+            tail += "" if stopped else slot.stop.flush()
+            if tail or slot.unsent:
+                self._send(slot, tail)
+        slot.handle, slot.pending, slot.next_token, slot.unsent = None, [], None, []
+        handle.on_event(Finished(reason, len(handle.prompt), slot.generated, slot.cached_prompt,
+                                 slot.first_token, error))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    differ = np.flatnonzero(x != y)
+    return int(differ[0]) if differ.size else n

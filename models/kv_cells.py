@@ -1,0 +1,144 @@
+"""Which token each KV cache cell holds: its position and the sequences that use it.
+
+llama.cpp's unified cache (``llama_kv_cells``) as numpy arrays: ``pos[i]`` is the position of
+the token in cell ``i`` (-1: empty) and bit ``s`` of ``seqs[i]`` says sequence ``s`` uses it. A
+cell shared by several sequences (a common prompt prefix, ``seq_cp``) is stored once and freed
+when its last sequence leaves it. Masks are built from these arrays for each batch: a token of
+sequence ``s`` at position ``p`` attends the cells of ``s`` at positions ``<= p`` (and, in a
+sliding-window layer, ``> p - window``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polydev.errors import InvalidArgumentError
+
+__all__ = ["KVCells", "MAX_SEQUENCES"]
+
+MAX_SEQUENCES = 64              # one bit each in a uint64 (llama.cpp allows 256)
+_NEG_INF = np.float16(-np.inf)
+
+
+def _bit(seq_id: int) -> np.uint64:
+    return np.uint64(1) << np.uint64(seq_id)
+
+
+class KVCells:
+    """Positions and sequence sets of ``size`` cells."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.pos = np.full(size, -1, dtype=np.int32)
+        self.seqs = np.zeros(size, dtype=np.uint64)
+        self._end = 0                                   # 1 + the last cell in use
+
+    # --- counts -----------------------------------------------------------------------------
+
+    @property
+    def used(self) -> int:
+        """Cells that hold a token."""
+        return int(np.count_nonzero(self.pos[:self._end] >= 0))
+
+    @property
+    def free(self) -> int:
+        return self.size - self.used
+
+    @property
+    def end(self) -> int:
+        """One past the last cell in use: a graph attends over at least this many cells."""
+        return self._end
+
+    # --- placing a batch ------------------------------------------------------------------
+
+    def find(self, n: int) -> np.ndarray | None:
+        """The first ``n`` empty cells (int32 indices, ascending), or None when fewer are
+        free. Lowest cells first keeps the span a graph attends over short."""
+        empty = np.flatnonzero(self.pos < 0)
+        return empty[:n].astype(np.int32) if empty.size >= n else None
+
+    def assign(self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> None:
+        """Put the tokens at ``positions`` of sequences ``seq_ids`` into empty ``cells``."""
+        self.pos[cells] = positions
+        self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        self._end = max(self._end, int(cells.max()) + 1)
+
+    def mask(self, positions: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int,
+             out: np.ndarray) -> np.ndarray:
+        """Fill ``out`` [n_tokens, n_kv] (float16) with 0 where the token may attend the cell
+        and -inf where not; llama.cpp's standard window masks ``pos - cell_pos >= window``."""
+        cell_pos = self.pos[:n_kv]
+        bits = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        allowed = (self.seqs[None, :n_kv] & bits[:, None]) != 0
+        allowed &= cell_pos[None, :] <= positions[:, None]
+        if window:
+            allowed &= cell_pos[None, :] > positions[:, None] - window
+        out.fill(_NEG_INF)
+        out[allowed] = 0
+        return out
+
+    # --- sequences (llama.cpp's llama_memory_seq_*) -----------------------------------------
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove sequence ``seq_id`` (every sequence when negative) from the cells at
+        positions [p0, p1) (p1 < 0: to the end); a cell no sequence uses becomes empty."""
+        sel = self._in_range(p0, p1)
+        if seq_id < 0:
+            self.seqs[sel] = 0
+        else:
+            self.seqs[sel] &= ~_bit(_checked(seq_id))
+        self._release()
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Let ``dst`` use the cells of ``src`` at positions [p0, p1): shared, not copied."""
+        if _checked(src) == _checked(dst):
+            return
+        sel = self._in_range(p0, p1) & ((self.seqs & _bit(src)) != 0)
+        self.seqs[sel] |= _bit(dst)
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Drop every sequence but ``seq_id``."""
+        keep = _bit(_checked(seq_id))
+        self.seqs &= keep
+        self._release()
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last position of ``seq_id`` in the cache, -1 when it has none."""
+        used = (self.seqs[:self._end] & _bit(_checked(seq_id))) != 0
+        return int(self.pos[:self._end][used].max()) if used.any() else -1
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """The first position of ``seq_id`` in the cache, -1 when it has none."""
+        used = (self.seqs[:self._end] & _bit(_checked(seq_id))) != 0
+        return int(self.pos[:self._end][used].min()) if used.any() else -1
+
+    def seq_cells(self, seq_id: int) -> int:
+        """Cells ``seq_id`` uses (shared ones included)."""
+        return int(np.count_nonzero(self.seqs[:self._end] & _bit(_checked(seq_id))))
+
+    def clear(self) -> None:
+        self.pos.fill(-1)
+        self.seqs.fill(0)
+        self._end = 0
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _in_range(self, p0: int, p1: int) -> np.ndarray:
+        p0 = max(p0, 0)
+        sel = self.pos >= p0
+        if p1 >= 0:
+            sel &= self.pos < p1
+        return sel
+
+    def _release(self) -> None:
+        """Empty the cells no sequence uses any more, and move ``end`` back."""
+        gone = (self.seqs == 0) & (self.pos >= 0)
+        self.pos[gone] = -1
+        live = np.flatnonzero(self.pos[:self._end] >= 0)
+        self._end = int(live[-1]) + 1 if live.size else 0
+
+
+def _checked(seq_id: int) -> int:
+    if not 0 <= seq_id < MAX_SEQUENCES:
+        raise InvalidArgumentError(f"sequence id {seq_id} is outside [0, {MAX_SEQUENCES})")
+    return seq_id

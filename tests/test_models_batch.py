@@ -1,0 +1,388 @@
+"""Many sequences in one KV cache: cells and masks against a plain Python model of them, and
+batches of several sequences against each sequence evaluated alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("gguf")
+
+from polydev.errors import ContextFullError, InvalidArgumentError  # noqa: E402
+from polydev.models import Batch, load  # noqa: E402
+from polydev.models.kv_cells import KVCells  # noqa: E402
+
+from model_files import write_test_model  # noqa: E402
+
+
+def tokens_for(n: int, seed: int, n_vocab: int = 320) -> list[int]:
+    return np.random.default_rng(seed).integers(0, n_vocab, n).tolist()
+
+
+# --- cells against a dictionary of cell -> (position, sequences) -----------------------------
+
+class NaiveCells:
+    def __init__(self, size: int) -> None:
+        self.size, self.cells = size, {}
+
+    def place(self, n, positions, seqs):
+        free = [i for i in range(self.size) if i not in self.cells][:n]
+        for cell, pos, seq in zip(free, positions, seqs):
+            self.cells[cell] = (pos, {seq})
+        return free
+
+    def seq_rm(self, seq, p0, p1):
+        for cell, (pos, owners) in list(self.cells.items()):
+            if pos >= p0 and (p1 < 0 or pos < p1):
+                owners.discard(seq) if seq >= 0 else owners.clear()
+                if not owners:
+                    del self.cells[cell]
+
+    def seq_cp(self, src, dst, p0, p1):
+        for pos, owners in self.cells.values():
+            if src in owners and pos >= p0 and (p1 < 0 or pos < p1):
+                owners.add(dst)
+
+    def seq_keep(self, seq):
+        for cell, (pos, owners) in list(self.cells.items()):
+            if seq in owners:
+                self.cells[cell] = (pos, {seq})
+            else:
+                del self.cells[cell]
+
+    def allowed(self, pos, seq, n_kv, window):
+        return [i in self.cells and seq in self.cells[i][1] and self.cells[i][0] <= pos
+                and (not window or self.cells[i][0] > pos - window) for i in range(n_kv)]
+
+
+operations = st.lists(st.one_of(
+    st.tuples(st.just("place"), st.integers(1, 6), st.integers(0, 3)),
+    st.tuples(st.just("rm"), st.integers(-1, 3), st.integers(0, 8), st.integers(-1, 12)),
+    st.tuples(st.just("cp"), st.integers(0, 3), st.integers(0, 3), st.integers(0, 8)),
+    st.tuples(st.just("keep"), st.integers(0, 3)),
+), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(operations, st.integers(0, 5))
+def test_cells_and_masks_follow_the_sequences(ops_, window):
+    size = 24
+    cells, naive = KVCells(size), NaiveCells(size)
+    for op in ops_:
+        if op[0] == "place":
+            _, n, seq = op
+            start = cells.seq_pos_max(seq) + 1
+            positions = np.arange(start, start + n, dtype=np.int32)
+            found = cells.find(n)
+            if found is None:
+                assert size - len(naive.cells) < n
+                continue
+            assert found.tolist() == naive.place(n, positions.tolist(), [seq] * n)
+            cells.assign(found, positions, np.full(n, seq, np.int32))
+        elif op[0] == "rm":
+            cells.seq_rm(*op[1:])
+            naive.seq_rm(*op[1:])
+        elif op[0] == "cp":
+            cells.seq_cp(op[1], op[2], 0, op[3])
+            naive.seq_cp(op[1], op[2], 0, op[3])
+        else:
+            cells.seq_keep(op[1])
+            naive.seq_keep(op[1])
+        assert cells.used == len(naive.cells)
+        assert cells.end == (max(naive.cells) + 1 if naive.cells else 0)
+        for seq in range(4):
+            mine = [p for p, owners in naive.cells.values() if seq in owners]
+            assert cells.seq_pos_max(seq) == (max(mine) if mine else -1)
+    positions = np.array([0, 3, 7, 7], dtype=np.int32)
+    seqs = np.array([0, 1, 2, 3], dtype=np.int32)
+    mask = cells.mask(positions, seqs, size, window, np.empty((4, size), np.float16))
+    for row, pos, seq in zip(mask, positions, seqs):
+        assert (row == 0).tolist() == naive.allowed(int(pos), int(seq), size, window)
+
+
+def test_sequence_ids_are_checked():
+    cells = KVCells(8)
+    with pytest.raises(InvalidArgumentError, match="sequence id 64"):
+        cells.seq_rm(64)
+    with pytest.raises(InvalidArgumentError, match="sequence id -2"):
+        cells.seq_cp(-2, 1)
+
+
+# --- batches of sequences against each sequence alone -----------------------------------------
+
+MODELS = {
+    "llama": dict(arch="llama", n_layer=2),
+    "gemma3": dict(arch="gemma3", head_dim=32, sliding_window=4, n_layer=3),
+    "qwen3moe": dict(arch="qwen3moe", n_expert=4, head_dim=32, n_layer=2),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model_file(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param) / "m.gguf"
+    return write_test_model(path, weight_type="F16", **MODELS[request.param])
+
+
+def alone(path, ids: list[int], steps: list[int] = ()) -> np.ndarray:
+    """Every position's logits of ``ids`` then ``steps`` one at a time, in a fresh model."""
+    with load(path, devices=[], n_ctx=256, progress=False) as m:
+        m.eval(ids, all_logits=True)
+        rows = [m.logits()]
+        for t in steps:
+            m.eval([t])
+            rows.append(m.logits()[None])
+    return np.concatenate(rows)
+
+
+def close(got, want):
+    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
+
+
+def test_sequences_in_one_batch_equal_each_alone(model_file):
+    """Three prompts in one batch, interleaved token by token, then decode steps of all three
+    in one batch: each sequence's logits are those it has alone (masks keep them apart)."""
+    prompts = [tokens_for(n, seed) for n, seed in ((5, 1), (9, 2), (3, 3))]
+    steps = [tokens_for(3, seed) for seed in (4, 5, 6)]
+    with load(model_file, devices=[], n_ctx=256, progress=False) as m:
+        batch = Batch()
+        for i in range(max(map(len, prompts))):
+            for seq, p in enumerate(prompts):
+                if i < len(p):
+                    batch.add(p[i], seq, logits=True)
+        rows = m.decode(batch)
+        got = [[rows[j] for j, s in enumerate(batch.seq_ids) if s == seq] for seq in range(3)]
+        for i in range(3):
+            step = Batch()
+            for seq in (2, 0, 1):
+                step.add(steps[seq][i], seq, logits=True)
+            for seq, row in zip((2, 0, 1), m.decode(step)):
+                got[seq].append(row)
+    for seq in range(3):
+        close(np.stack(got[seq]), alone(model_file, prompts[seq], steps[seq]))
+
+
+def test_a_shared_prefix_is_stored_once(model_file):
+    """seq_cp shares a prompt's cells with two more sequences; each continues differently in
+    one batch, and holds the logits of its whole text evaluated alone."""
+    prefix = tokens_for(20, 7)
+    tails = [tokens_for(n, 8 + n) for n in (4, 6, 2)]
+    with load(model_file, devices=[], n_ctx=256, progress=False) as m:
+        m.eval(prefix)
+        for seq in (1, 2):
+            m.memory.seq_cp(0, seq)
+        assert m.memory.cells.used == 20
+        batch = Batch()
+        for seq, tail in enumerate(tails):
+            batch.add_sequence(tail, seq, logits="all")
+        rows = m.decode(batch)
+        assert m.memory.cells.used == 20 + sum(map(len, tails))
+        assert [m.memory.seq_pos_max(s) for s in range(3)] == [23, 25, 21]
+    first = 0
+    for seq, tail in enumerate(tails):
+        want = alone(model_file, prefix + tail)[20:]
+        close(rows[first:first + len(tail)], want)
+        first += len(tail)
+
+
+def test_freed_cells_are_reused(tmp_path):
+    """A sequence removed with seq_rm leaves holes that the next sequence fills; seq_keep
+    drops the others; the logits stay those of each sequence alone."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=2, weight_type="F16")
+    a, b, c = tokens_for(10, 1), tokens_for(12, 2), tokens_for(8, 3)
+    with load(path, devices=[], n_ctx=256, progress=False) as m:
+        m.decode(Batch().add_sequence(a, 0).add_sequence(b, 1))
+        m.memory.seq_rm(0)
+        assert m.memory.cells.used == 12
+        rows = m.decode(Batch().add_sequence(c, 2, logits="all"))
+        assert m.memory.cells.end == 22           # c went into a's cells
+        close(rows, alone(path, c))
+        m.memory.seq_rm(1, 6)                      # b keeps its first six tokens
+        rows = m.decode(Batch().add_sequence(b[6:], 1, logits="all"))
+        close(rows, alone(path, b)[6:])
+        m.memory.seq_keep(2)
+        assert m.memory.cells.used == 8 and m.memory.seq_pos_max(1) == -1
+
+
+def test_bad_batches_leave_nothing_cached(tmp_path, monkeypatch):
+    path = write_test_model(tmp_path / "m.gguf", n_layer=1)
+    with load(path, devices=[], n_ctx=256, n_batch=4, progress=False) as m:
+        m.decode(Batch().add_sequence(tokens_for(5, 1), 0).add_sequence(tokens_for(3, 2), 1))
+        cells = m.memory.cells
+        with pytest.raises(InvalidArgumentError, match="at position 9 of sequence 1, which "
+                                                       "continues at position 3"):
+            m.decode(Batch().add(1, 0).add(2, 1, pos=9))
+        with pytest.raises(InvalidArgumentError, match="sequence id 64"):
+            m.decode(Batch().add(1, 64))
+        with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+            m.decode(Batch().add(1, 0).add(320, 1))
+        with pytest.raises(ContextFullError, match="8 are cached and 249 more do not fit"):
+            m.decode(Batch().add_sequence(tokens_for(249, 3), 2))
+        assert cells.used == 8
+
+        calls = []
+
+        def failing_compute(graph):
+            calls.append(graph)
+            if len(calls) == 2:
+                raise InvalidArgumentError("a kernel failed")
+        monkeypatch.setattr(m.evaluator.sched, "compute", failing_compute)
+        with pytest.raises(InvalidArgumentError, match="a kernel failed"):
+            m.decode(Batch().add_sequence(tokens_for(6, 4), 0).add_sequence([1, 2], 3))
+        assert len(calls) == 2 and cells.used == 8          # the first piece was undone
+        assert [m.memory.seq_pos_max(s) for s in range(4)] == [4, 2, -1, -1]
+
+
+# --- continuous batching -----------------------------------------------------------------------
+
+from polydev.models.engine import BatchEngine, Finished, Piece, QueueFullError  # noqa: E402
+from polydev.models.sampling import SamplingParams  # noqa: E402
+from polydev.models.stop_strings import StopMatcher  # noqa: E402
+
+
+@pytest.mark.parametrize("pieces, stops, shown, stopped", [
+    (["Hello", " wor", "ld"], ["world"], "Hello ", True),
+    (["a<", "/s", ">b"], ["</s>"], "a", True),
+    (["a<", "b"], ["</s>"], "a<b", False),
+    (["x", "y"], [], "xy", False),
+    (["ab", "cd"], ["bc", "d"], "a", True),               # the earliest stop wins
+])
+def test_stop_strings_hold_back_what_may_begin_one(pieces, stops, shown, stopped):
+    matcher, out, hit = StopMatcher(stops), "", False
+    for piece in pieces:
+        text, hit = matcher.feed(piece)
+        out += text
+        if hit:
+            break
+    if not hit:
+        out += matcher.flush()
+    assert (out, hit) == (shown, stopped)
+
+
+def generate_alone(path, prompt, n, **kw) -> list[int]:
+    with load(path, devices=[], n_ctx=256, progress=False, **kw) as m:
+        list(m.generate(prompt, n, temperature=0))
+        return m.generated
+
+
+@pytest.fixture(scope="module")
+def engine_model(tmp_path_factory):
+    return write_test_model(tmp_path_factory.mktemp("engine") / "m.gguf", n_layer=2,
+                            weight_type="F16")
+
+
+def test_greedy_requests_together_give_what_each_gives_alone(engine_model):
+    """Seven prompts of different lengths over three slots with 8-token batches: requests
+    wait, long prompts are read in chunks while the others decode, and every greedy request
+    yields the tokens it yields alone."""
+    prompts = [tokens_for(n, seed) for seed, n in enumerate((3, 20, 7, 12, 1, 30, 5))]
+    with load(engine_model, devices=[], n_ctx=256, n_batch=8, progress=False) as m:
+        engine = BatchEngine(m, n_slots=3)
+        tokens, ends = {}, {}
+        for i, p in enumerate(prompts):
+            def on_event(event, i=i):
+                if isinstance(event, Piece):
+                    tokens.setdefault(i, []).extend(event.tokens)
+                else:
+                    ends[i] = event
+            engine.submit(p, on_event, max_tokens=6 + i, params=SamplingParams(temperature=0))
+        assert engine.queued == 7
+        steps = 0
+        while engine.step():
+            steps += 1
+            assert engine.processing <= 3
+        assert engine.processing == engine.queued == 0
+    for i, p in enumerate(prompts):
+        want = generate_alone(engine_model, p, 6 + i)
+        assert tokens.get(i, []) == want, i
+        assert ends[i].reason == ("length" if len(want) == 6 + i else "stop")
+        assert ends[i].prompt_tokens == len(p) and ends[i].completion_tokens == len(want)
+    assert steps < sum(6 + i for i in range(7)) + 10     # decoded together, not one by one
+
+
+def test_generate_batch_and_sampling_per_request(engine_model):
+    prompts = [tokens_for(n, seed) for seed, n in enumerate((4, 9, 2))]
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        texts = m.generate_batch(prompts, 5, temperature=0)
+        for p, text in zip(prompts, texts):
+            assert text == "".join(m.generate(p, 5, temperature=0))
+        seeded = [m.generate_batch(prompts, 8, temperature=1.0, seed=3) for _ in range(2)]
+        assert seeded[0] == seeded[1]
+
+
+def test_a_cached_prefix_is_reused_and_shared(engine_model):
+    """A request that continues an ended one reads only its new tokens (same slot); one that
+    shares a long prefix with a busy slot's cache shares those cells, and both generate what
+    they generate alone."""
+    history = tokens_for(40, 11)
+    greedy = SamplingParams(temperature=0)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        engine = BatchEngine(m, n_slots=2)
+        ends, texts = {}, {}
+
+        def submit(name, prompt, n):
+            def on_event(event):
+                if isinstance(event, Finished):
+                    ends[name] = event
+                else:
+                    texts[name] = texts.get(name, "") + event.text
+            engine.submit(prompt, on_event, max_tokens=n, params=greedy)
+
+        submit("first", history, 2)
+        engine.run_until_done()
+        submit("next turn", history + [5, 6, 7], 12)
+        engine.step()                                  # reads its 3 new tokens
+        assert ends.get("next turn") is None and m.memory.cells.used == 43
+        submit("branch", history[:30] + [9, 9, 9], 4)  # the other slot, empty
+        engine.step()
+        assert m.memory.cells.used == 43 + 1 + 3       # the branch's 30 cells are shared
+        engine.run_until_done()
+        assert ends["next turn"].cached_tokens == 40 and ends["branch"].cached_tokens == 30
+        assert texts.get("branch", "") == "".join(m.generate(history[:30] + [9, 9, 9], 4,
+                                                             temperature=0))
+
+
+def test_stops_lengths_cancellation_and_a_full_queue(engine_model):
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        want = "".join(m.generate(tokens_for(6, 1), 12, temperature=0))
+        stop = want[3:5]
+        engine = BatchEngine(m, n_slots=2, max_queued=2)
+        got, ends = [], []
+
+        def on_event(event):
+            (got if isinstance(event, Piece) else ends).append(event)
+
+        engine.submit(tokens_for(6, 1), on_event, max_tokens=12, stops=[stop],
+                      params=SamplingParams(temperature=0))
+        engine.submit(tokens_for(6, 1), lambda e: None, max_tokens=0)
+        with pytest.raises(QueueFullError):
+            engine.submit([1], lambda e: None)
+        engine.run_until_done()
+        assert "".join(p.text for p in got) == want[:want.index(stop)]
+        assert ends[0].reason == "stop"
+
+        cancelled = []
+        handle = engine.submit(tokens_for(6, 2), cancelled.append, max_tokens=50)
+        engine.step()
+        handle.cancel()
+        engine.run_until_done()
+        assert isinstance(cancelled[-1], Finished) and cancelled[-1].reason == "cancelled"
+        assert engine.processing == 0
+        with pytest.raises(ContextFullError, match="the prompt has 256 tokens"):
+            engine.submit(tokens_for(256, 3), lambda e: None)
+
+
+def test_a_full_context_ends_the_longest_sequence(tmp_path):
+    path = write_test_model(tmp_path / "m.gguf", n_layer=1, weight_type="F16")
+    with load(path, devices=[], n_ctx=256, progress=False) as m:
+        engine = BatchEngine(m, n_slots=2)
+        ends = {}
+        for i, n in enumerate((150, 60)):
+            engine.submit(tokens_for(n, i), lambda e, i=i: ends.setdefault(i, e)
+                          if isinstance(e, Finished) else None, max_tokens=200,
+                          params=SamplingParams(temperature=1.0, seed=i, top_k=0,
+                                                min_p=0.0))
+        engine.run_until_done()
+        assert m.memory.cells.used <= 256
+        assert ends[0].reason == "length" and ends[0].completion_tokens < 200
