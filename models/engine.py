@@ -107,6 +107,7 @@ class BatchEngine:
     """Requests over the ``n_slots`` sequences of ``model``'s cache (see the module doc)."""
 
     def __init__(self, model, n_slots: int = 4, max_queued: int = 64) -> None:
+        """``max_queued``: requests that may wait beyond those the free slots will take."""
         if not 1 <= n_slots <= MAX_SEQUENCES:
             raise InvalidArgumentError(f"n_slots must be in [1, {MAX_SEQUENCES}], got {n_slots}")
         self.model = model
@@ -141,7 +142,8 @@ class BatchEngine:
                                        f"[0, {n_vocab})")
         handle = Handle(prompt, max_tokens, params or SamplingParams(), tuple(stops), on_event)
         with self._wake:
-            if len(self._queue) >= self.max_queued:
+            free_slots = sum(s.handle is None for s in self.slots)
+            if len(self._queue) >= self.max_queued + free_slots:
                 raise QueueFullError(f"{len(self._queue)} requests are waiting already")
             self._queue.append(handle)
             self._wake.notify()
@@ -189,6 +191,17 @@ class BatchEngine:
             if slot.handle is not None:
                 self._sample(slot, row)
         return True
+
+    def abort(self, error: Exception) -> None:
+        """End every running and waiting request with ``error`` (the model's thread is
+        stopping on a failure)."""
+        for slot in self.slots:
+            if slot.handle is not None:
+                self._finish(slot, "error", error)
+        with self._lock:
+            waiting, self._queue = list(self._queue), deque()
+        for handle in waiting:
+            handle.on_event(Finished("error", len(handle.prompt), 0, 0, None, error))
 
     def run_until_done(self) -> None:
         """Step until no request is waiting or running."""

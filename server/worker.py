@@ -1,0 +1,100 @@
+"""The thread that owns the model: it loads it, then runs the batching engine's steps, while the
+server's event loop submits requests and awaits their events.
+
+Loading happens in this thread so that the server answers (``/health``: 503) from its first
+moment. Events cross to the event loop with ``call_soon_threadsafe``; a stop drains the
+running requests first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+from polydev.models import Model, SamplingParams
+from polydev.models.engine import BatchEngine, Event, Handle
+
+__all__ = ["ModelWorker"]
+
+log = logging.getLogger(__name__)
+_IDLE_WAIT = 0.05           # seconds a worker with nothing to do waits for a request
+
+
+class ModelWorker:
+    """Loads a model with ``load`` and serves ``n_slots`` sequences of it."""
+
+    def __init__(self, load: Callable[[], Model], n_slots: int, max_queued: int) -> None:
+        self._load, self.n_slots, self.max_queued = load, n_slots, max_queued
+        self.model: Model | None = None
+        self.engine: BatchEngine | None = None
+        self.error: BaseException | None = None
+        self.busy_seconds = 0.0             # time spent in steps that did work
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="polydev-model", daemon=True)
+
+    @property
+    def state(self) -> str:
+        """"loading", "ready" or "failed"."""
+        if self.error is not None:
+            return "failed"
+        return "ready" if self._ready.is_set() else "loading"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """True once the model is loaded (False on a timeout or a failed load)."""
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    def submit(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop,
+               queue: asyncio.Queue, *, max_tokens: int, params: SamplingParams,
+               stops: Sequence[str]) -> Handle:
+        """Queue a request; its events are put on ``queue`` in ``loop``."""
+        def on_event(event: Event) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        return self.engine.submit(prompt, on_event, max_tokens=max_tokens, params=params,
+                                  stops=stops)
+
+    def stop(self, drain_seconds: float = 30.0) -> None:
+        """Let running and waiting requests finish (up to ``drain_seconds``), then stop the
+        thread and close the model."""
+        deadline = time.monotonic() + drain_seconds
+        engine = self.engine
+        while engine is not None and (engine.processing or engine.queued) \
+                and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.05)
+        self._stopping.set()
+        if engine is not None:
+            engine.wake()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _main(self) -> None:
+        try:
+            self.model = self._load()
+            self.engine = BatchEngine(self.model, self.n_slots, self.max_queued)
+        except BaseException as e:          # reported by /health and the log, not raised here
+            log.error("the model failed to load: %s", e)
+            self.error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        log.info("model loaded: %r, %d slots", self.model, self.n_slots)
+        try:
+            while not self._stopping.is_set():
+                start = time.perf_counter()
+                if self.engine.step():
+                    self.busy_seconds += time.perf_counter() - start
+                else:
+                    self.engine.wait_for_work(_IDLE_WAIT)
+        except BaseException as e:
+            log.exception("the model's thread stopped")
+            self.error = e
+            self.engine.abort(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+        finally:
+            self.model.close()

@@ -1,0 +1,80 @@
+"""``polydev serve``: an OpenAI-compatible server over a GGUF model, llama-server style.
+
+The model loads in the background (``/health`` answers 503 until it is ready); ``-np``
+sequences share the ``-c`` context and are decoded together. Ctrl-C stops taking requests,
+lets the running ones finish, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from polydev.errors import InvalidArgumentError, MissingDependencyError
+
+from .info import add_numerics_option, add_placement_options, model_path, placement_knobs
+
+_DRAIN_SECONDS = 30             # how long Ctrl-C waits for running requests
+
+
+def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``polydev serve [-m MODEL] [-np N] [--host H] [--port P] [--api-key K] [placement]``."""
+    p = sub.add_parser("serve", parents=parents,
+                       help="serve a GGUF model over OpenAI's HTTP API (many requests at once)",
+                       description="Serve a GGUF model (default: gemma-3-270m) over OpenAI's "
+                                   "API: /v1/chat/completions, /v1/completions, /v1/models, "
+                                   "/health, /metrics, /slots. Requests are batched together "
+                                   "over -np sequences that share the -c context.")
+    p.add_argument("-m", "--model", metavar="PATH", help="a GGUF file (default: gemma-3-270m)")
+    p.add_argument("-np", "--parallel", type=int, default=4, metavar="N",
+                   help="sequences decoded at once (slots; default 4, at most 64)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("POLYDEV_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $POLYDEV_API_KEY, "
+                        "else none)")
+    p.add_argument("--alias", metavar="NAME",
+                   help="the model's name in the API (default: the file's name)")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+                   help="requests that may wait for a slot; more get 503 (default 64)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
+    add_numerics_option(p)
+    add_placement_options(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from polydev.models import load
+        from polydev.server import ModelWorker, create_app
+    except ImportError as e:
+        raise MissingDependencyError(f"polydev serve needs the serve and models extras: pip "
+                                     f"install 'polydev[serve,models]' ({e})") from None
+    if not 1 <= args.parallel <= 64:
+        raise InvalidArgumentError(f"-np must be in [1, 64], got {args.parallel}")
+    if not 0 <= args.port <= 65535:
+        raise InvalidArgumentError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue < 0:
+        raise InvalidArgumentError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    path, knobs = model_path(args), placement_knobs(args)
+    if not os.path.isfile(path):
+        raise InvalidArgumentError(f"the model file {path} does not exist")
+    name = args.alias or os.path.basename(path)
+
+    def load_model():
+        return load(path, progress=not args.no_progress, numerics=args.numerics, **knobs)
+
+    worker = ModelWorker(load_model, args.parallel, args.max_queue)
+    app = create_app(worker, model_name=name, api_key=args.api_key,
+                     drain_seconds=_DRAIN_SECONDS)
+    print(f"polydev: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
+          f"context {args.ctx_size}); Ctrl-C stops", file=sys.stderr)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=_DRAIN_SECONDS)
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
