@@ -15,6 +15,7 @@ from polydev.models import Batch, load  # noqa: E402
 from polydev.models.kv_cells import KVCells  # noqa: E402
 
 from model_files import write_test_model  # noqa: E402
+from needs import opencl_devices, opencl_mark  # noqa: E402
 
 
 def tokens_for(n: int, seed: int, n_vocab: int = 320) -> list[int]:
@@ -161,6 +162,23 @@ def test_sequences_in_one_batch_equal_each_alone(model_file):
                 got[seq].append(row)
     for seq in range(3):
         close(np.stack(got[seq]), alone(model_file, prompts[seq], steps[seq]))
+
+
+@opencl_mark()
+def test_sequences_over_opencl_and_the_cpu(tmp_path):
+    """Layers split over OpenCL0 and the CPU (cache cells on both): a batch of three sequences
+    gives the CPU's logits, and continuous batching the CPU's greedy tokens."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=3, weight_type="F16")
+    prompts = [tokens_for(n, seed) for n, seed in ((6, 1), (11, 2), (4, 3))]
+    batch = Batch()
+    for seq, p in enumerate(prompts):
+        batch.add_sequence(p, seq, logits="all")
+    results = {}
+    for name, devices in (("cpu", []), ("split", opencl_devices(1))):
+        with load(path, devices=devices, n_gpu_layers=2, n_ctx=256, progress=False) as m:
+            results[name] = (m.decode(batch), m.generate_batch(prompts, 8, temperature=0))
+    close(results["split"][0], results["cpu"][0])
+    assert results["split"][1] == results["cpu"][1]
 
 
 def test_a_shared_prefix_is_stored_once(model_file):

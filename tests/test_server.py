@@ -257,3 +257,45 @@ def test_serve_command_line_mistakes_are_one_line(capsys, tmp_path):
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "-np", "0", "-m", str(tmp_path / "absent.gguf")]) == 1
     assert "-np must be in [1, 64]" in capsys.readouterr().err
+
+
+def test_ctrl_c_finishes_the_running_stream_then_exits(model_file):
+    """polydev serve as a user runs it: SIGINT while a stream runs lets it end with [DONE],
+    then the process exits by itself, with the status a shell reports for Ctrl-C."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = "import sys; from polydev.tools.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "-m", str(model_file),
+                             "--port", str(port), "-c", str(N_CTX), "--device", "none",
+                             "--no-progress"], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def healthy():
+            try:
+                return request(url, "GET", "/health")[0] == 200
+            except OSError:
+                return False
+        wait_for(healthy, "the server did not come up")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "w1", "max_tokens": 150,
+                                                            "stream": True, "min_p": 0.0,
+                                                            "seed": 3}),
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.readline().startswith(b"data: ")
+        proc.send_signal(signal.SIGINT)
+        lines = [line for line in r if line.startswith(b"data: ")]
+        assert lines[-1].strip() == b"data: [DONE]"
+        conn.close()
+        assert proc.wait(TIMEOUT) == 130               # the CLI's status for Ctrl-C
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -121,6 +121,7 @@ static void attend_by_rows(const fa_op *op, int n_threads) {
 #define FA_CELLS 64          /* KV cells converted and multiplied at a time */
 #define FA_ROWS 32           /* query rows per tile, about: queries x the heads of a KV head */
 #define FA_MIN_QUERIES 8     /* from this many queries the blocked kernel runs */
+#define FA_SPARSE_RATIO 3    /* ... unless its rows see fewer than a third of their spans */
 
 
 /* one thread's memory for a tile of `rows` rows */
@@ -407,6 +408,29 @@ static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int6
     }
 }
 
+/* 1 when the mask hides most cells inside the span each query row sees: the queries of many
+ * sequences in one batch, whose cells interleave in the cache. The blocked kernel computes a
+ * tile's rows over the whole span, while the row kernel skips each hidden cell, so there the
+ * rows cost less. A causal prompt sees its whole span and stays blocked. */
+static int mostly_hidden(const fa_op *op) {
+    if (!op->mask) return 0;
+    const uint16_t hidden = 0xFC00;                                  /* fp16 -inf */
+    int64_t seen = 0, spans = 0;
+    for (int64_t s = 0; s < op->n_seq && s < op->m3; s++)
+        for (int64_t i = 0; i < op->n_q; i++) {
+            const uint16_t *m = (const uint16_t *)(op->mask + s * op->m3s + i * op->m1);
+            int64_t first = -1, last = -1;
+            for (int64_t c = op->lo; c < op->hi; c++)
+                if (m[c] != hidden) {
+                    seen++;
+                    if (first < 0) first = c;
+                    last = c;
+                }
+            spans += first < 0 ? 0 : last - first + 1;
+        }
+    return seen * FA_SPARSE_RATIO < spans;
+}
+
 /* the blocked kernel; 0 where its memory could not be had (the caller then goes by rows) */
 static int attend_blocked(const fa_op *op, int n_threads) {
     const int64_t G = op->n_head / op->n_head_kv;
@@ -452,7 +476,8 @@ void pd_flash_attn_f16(const pd_tensor *q, const pd_tensor *k, const pd_tensor *
                       q->ne[1], q->ne[2], k->ne[2], q->ne[3], lo, hi, scale, softcap, slopes,
                       sinks};
 #ifdef BLOCKED_ATTENTION
-    if (op.n_q >= FA_MIN_QUERIES && attend_blocked(&op, n_threads)) return;
+    if (op.n_q >= FA_MIN_QUERIES && !mostly_hidden(&op) && attend_blocked(&op, n_threads))
+        return;
 #endif
     attend_by_rows(&op, n_threads);
 }
