@@ -183,7 +183,7 @@ class BatchEngine:
             logits = self.model.decode(batch)
         except PolydevError as e:           # the batch is rolled back; its requests end
             log.error("a batch of %d tokens failed: %s", len(batch), e)
-            for slot in {id(s): s for s in self._slots_in(batch)}.values():
+            for slot in self._slots_in(batch):
                 self._finish(slot, "error", e)
             return True
         self._record(batch)
@@ -311,7 +311,7 @@ class BatchEngine:
 
     def _slots_in(self, batch: Batch) -> list[_Slot]:
         ids = set(batch.seq_ids)
-        return [s for s in self.slots if s.seq_id in ids]
+        return [s for s in self.slots if s.seq_id in ids and s.handle is not None]
 
     def _record(self, batch: Batch) -> None:
         """The batch is in the cache: move its tokens from pending to cached."""

@@ -404,3 +404,25 @@ def test_a_full_context_ends_the_longest_sequence(tmp_path):
         engine.run_until_done()
         assert m.memory.cells.used <= 256
         assert ends[0].reason == "length" and ends[0].completion_tokens < 200
+
+
+def test_a_failed_batch_ends_its_requests_and_the_engine_goes_on(engine_model, monkeypatch):
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        engine = BatchEngine(m, n_slots=2)
+        ends = []
+        decode = m.decode
+
+        def failing(batch):
+            raise InvalidArgumentError("a kernel failed")
+        monkeypatch.setattr(m, "decode", failing)
+        for seed in (1, 2):
+            engine.submit(tokens_for(5, seed), lambda e: ends.append(e)
+                          if isinstance(e, Finished) else None, max_tokens=4)
+        engine.step()
+        assert [e.reason for e in ends] == ["error", "error"]
+        assert "a kernel failed" in str(ends[0].error) and engine.processing == 0
+        monkeypatch.setattr(m, "decode", decode)
+        engine.submit(tokens_for(5, 3), lambda e: ends.append(e)
+                      if isinstance(e, Finished) else None, max_tokens=4)
+        engine.run_until_done()
+        assert ends[-1].reason in ("stop", "length") and m.memory.cells.used > 0

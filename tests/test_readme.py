@@ -4,8 +4,12 @@ example prints what the README says it prints."""
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,9 +33,44 @@ def test_the_readme_has_python_blocks():
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_a_readme_block_runs_as_written(index, tmp_path):
-    if "polydev.backends import ray" in BLOCKS[index]:
+    block = BLOCKS[index]
+    if "polydev.backends import ray" in block:
         pytest.importorskip("ray", reason="the remote-device block needs the ray extra")
-    _run(BLOCKS[index], tmp_path)
+    if _SERVER_URL in block:                # a client: it talks to a live polydev serve
+        pytest.importorskip("openai", reason="the client block needs the openai package")
+        with _polydev_serve() as url:
+            _run(block.replace(_SERVER_URL, url), tmp_path)
+        return
+    _run(block, tmp_path)
+
+
+_SERVER_URL = "http://127.0.0.1:8080"
+
+
+@contextmanager
+def _polydev_serve():
+    """``polydev serve`` on the default model at a free port, until it answers /health."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = "import sys; from polydev.tools.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", str(port),
+                             "--device", "none", "--no-progress"], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "polydev serve failed"
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 def test_the_scheduler_example_prints_what_the_readme_says(tmp_path):
