@@ -2,10 +2,10 @@
 
 For each model (gemma-3-270m, and TinyLlama's widths in Q4_K from bench/models.py's 1B class),
 each server runs in its own process on 127.0.0.1, one after the other: polydev serve on the CPU
-(-np 16), polydev serve with half the layers on OpenCL0 (-ngl n/2, where an OpenCL device
-exists; gemma-3-270m only: PoCL takes minutes per 1B-class request) and llama-cpp-python's own
-server (``python -m llama_cpp.server``, 2 threads; it
-answers one request at a time), the one a Python user would pick. Each round sends N streaming
+(-np 16), polydev serve with half the layers on OpenCL0 (-ngl n/2; where an OpenCL device
+exists, and for gemma-3-270m only: PoCL takes minutes per 1B-class request) and
+llama-cpp-python's own server (``python -m llama_cpp.server``, 2 threads; it answers one
+request at a time), the one a Python user would pick. Each round sends N streaming
 completions at once (distinct prompts, temperature 0.8, its own seed) and measures:
 - aggregate generation t/s: completion tokens of all N / the round's wall time;
 - time to first token, p50 and p95 over the N requests.

@@ -14,6 +14,13 @@ from polydev.errors import InvalidArgumentError, MissingDependencyError
 __all__ = ["render_chat", "CHATML"]
 
 log = logging.getLogger(__name__)
+_warned: set[str] = set()      # said once per process: a server renders every request
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
@@ -34,7 +41,7 @@ def render_chat(template: str | None, messages: Sequence[dict[str, Any]], *, bos
             raise InvalidArgumentError(f"message {i} must be a dict with 'role' and 'content', "
                                        f"got {m!r}")
     if template is None:
-        log.warning("the model has no chat template; using ChatML (llama.cpp's fallback)")
+        _warn_once("the model has no chat template; using ChatML (llama.cpp's fallback)")
         template = CHATML
 
     def raise_exception(message: str) -> None:

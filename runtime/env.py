@@ -78,6 +78,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("POLYDEV_OPENCL_PLATFORM"),
     Variable("POLYDEV_OPENCL_DEVICE"),
     Variable("POLYDEV_CACHE_DIR"),
+    Variable("POLYDEV_API_KEY"),
     # read by the tests only
     Variable("POLYDEV_REQUIRE_OPENCL"),
     Variable("POLYDEV_REQUIRE_MODELS"),

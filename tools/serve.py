@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from polydev.env import env_text
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
 from .info import add_numerics_option, add_placement_options, model_path, placement_knobs
@@ -32,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("POLYDEV_API_KEY"),
+    p.add_argument("--api-key", metavar="KEY", default=env_text("POLYDEV_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $POLYDEV_API_KEY, "
                         "else none)")
     p.add_argument("--alias", metavar="NAME",
