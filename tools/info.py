@@ -80,11 +80,16 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                                    "tokenizer, tensors by type) and the placement of its "
                                    "weights for the knobs given. Without -m: the embedded "
                                    "default model (gemma-3-270m).")
-    p.add_argument("-m", "--model", metavar="PATH", help="a GGUF file (default: gemma-3-270m)")
+    add_model_option(p)
     p.add_argument("--json", action="store_true", help="print JSON for machines")
     p.add_argument("--tensors", action="store_true", help="also list every tensor's placement")
     add_placement_options(p)
     p.set_defaults(run=run)
+
+
+def add_model_option(p: argparse.ArgumentParser) -> None:
+    """``-m/--model``, the GGUF file (the subcommands that load a model take it)."""
+    p.add_argument("-m", "--model", metavar="PATH", help="a GGUF file (default: gemma-3-270m)")
 
 
 def model_path(args: argparse.Namespace) -> str:

@@ -11,8 +11,8 @@ import sys
 
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
-from .info import (add_numerics_option, add_placement_options, layer_ranges, mib, model_path,
-                   placement_knobs)
+from .info import (add_model_option, add_numerics_option, add_placement_options, layer_ranges,
+                   mib, model_path, placement_knobs)
 from .table import format_table
 
 
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                        description="Generate text with a GGUF model whose layers are placed "
                                    "over the devices as llama.cpp places them. Text goes to "
                                    "stdout as it is generated; the timing summary to stderr.")
-    p.add_argument("-m", "--model", metavar="PATH", help="a GGUF file (default: gemma-3-270m)")
+    add_model_option(p)
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: 'Once upon a "
                    "time')")
     p.add_argument("-f", "--file", metavar="PATH", help="read the prompt from a file")

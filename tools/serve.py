@@ -14,7 +14,8 @@ import sys
 from polydev.env import env_text
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
-from .info import add_numerics_option, add_placement_options, model_path, placement_knobs
+from .info import (add_model_option, add_numerics_option, add_placement_options, model_path,
+                   placement_knobs)
 
 _DRAIN_SECONDS = 30             # how long Ctrl-C waits for running requests
 
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                                    "API: /v1/chat/completions, /v1/completions, /v1/models, "
                                    "/health, /metrics, /slots. Requests are batched together "
                                    "over -np sequences that share the -c context.")
-    p.add_argument("-m", "--model", metavar="PATH", help="a GGUF file (default: gemma-3-270m)")
+    add_model_option(p)
     p.add_argument("-np", "--parallel", type=int, default=4, metavar="N",
                    help="sequences decoded at once (slots; default 4, at most 64)")
     p.add_argument("--host", default="127.0.0.1",
