@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from polydev import Backend, Scheduler, tensor_get
+from polydev import Backend, Scheduler, tensor_get, tensor_set
 from polydev.errors import ContextFullError, InvalidArgumentError
 from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
@@ -26,6 +26,7 @@ from .arch import builder
 from .batch import Batch, UBatch
 from .kv_cache import KVCache
 from .kv_cells import MAX_SEQUENCES
+from .kv_shift import KeyRope, KeyShiftGraph
 from .layers import Weights
 from .loader import ModelWeights
 from .step import StepGraph, StepShape
@@ -93,6 +94,7 @@ class Evaluator(Resource):
             raise
         self._graphs: OrderedDict[StepShape, StepGraph] = OrderedDict()
         self._last_graph: StepGraph | None = None       # the graph of the last step
+        self._key_rope: dict[int, KeyRope] | None = None   # each layer's rope of its keys
         self.timings = Timings()
 
     @property
@@ -149,6 +151,7 @@ class Evaluator(Resource):
         if g is None:
             g = self._graphs[shape] = StepGraph(self.hp, self.kv, shape,
                                                 lambda s: self._build(s, self.weights))
+            self._key_rope = g.key_rope
             self.timings.graphs_built += 1
             while len(self._graphs) > _GRAPHS_KEPT:
                 self._graphs.popitem(last=False)
@@ -195,6 +198,7 @@ class Evaluator(Resource):
             raise ContextFullError(
                 f"the context holds {self.kv.size} tokens: {self.kv.cells.used} are cached and "
                 f"{ub.n_tokens} more do not fit (raise n_ctx, or free sequences)")
+        self._turn_moved_keys()
         start, rows = time.perf_counter(), []
         try:
             for piece in ub.split(self.n_batch):
@@ -205,6 +209,20 @@ class Evaluator(Resource):
             raise
         self.timings.add(ub.n_tokens, time.perf_counter() - start, ub.n_tokens > 1)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)   # one step: no copy
+
+    def _turn_moved_keys(self) -> None:
+        """Turn the cached keys of cells that ``seq_add`` moved, before a step reads them,
+        with the ropes the step graphs apply (a graph is built for them if none was)."""
+        cells = self.kv.cells
+        if not cells.has_shift:
+            return
+        if self._key_rope is None:
+            self.graph(1)
+        g = KeyShiftGraph(self.kv, self._key_rope, cells.end)
+        self.sched.alloc_graph(g.graph)
+        tensor_set(g.shift, cells.shift[:cells.end])
+        self.sched.compute(g.graph)
+        cells.take_shift()
 
     def _step(self, ub: UBatch) -> np.ndarray:
         wanted = ub.outputs.size

@@ -48,6 +48,7 @@ class KVCache(Resource):
         self.hp = hp
         self.size = kv_size(n_ctx)
         self.cells = KVCells(self.size)
+        self.edits = 0          # seq_* calls so far: a user's edit tells Model its tokens moved
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers: list[Buffer] = []
@@ -86,15 +87,25 @@ class KVCache(Resource):
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Forget positions [p0, p1) of ``seq_id`` (p1 < 0: to the end; seq_id < 0: every
         sequence)."""
+        self.edits += 1
         self.cells.seq_rm(seq_id, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """Give ``dst`` the positions [p0, p1) of ``src``: the cells are shared, not copied."""
+        self.edits += 1
         self.cells.seq_cp(src, dst, p0, p1)
 
     def seq_keep(self, seq_id: int) -> None:
         """Forget every sequence but ``seq_id``."""
+        self.edits += 1
         self.cells.seq_keep(seq_id)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move positions [p0, p1) of ``seq_id`` by ``delta`` (p1 < 0: to the end), as after
+        ``seq_rm`` of a span before them (llama.cpp's context shift). The cached keys are
+        turned to their new positions before the next step."""
+        self.edits += 1
+        self.cells.seq_add(seq_id, p0, p1, delta)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """The last cached position of ``seq_id``; -1 when it has none."""

@@ -6,6 +6,9 @@ cell shared by several sequences (a common prompt prefix, ``seq_cp``) is stored 
 when its last sequence leaves it. Masks are built from these arrays for each batch: a token of
 sequence ``s`` at position ``p`` attends the cells of ``s`` at positions ``<= p`` (and, in a
 sliding-window layer, ``> p - window``).
+
+Positions moved by ``seq_add`` are kept per cell in ``shift`` until the cached keys have been
+turned to match (``models/kv_shift.py``, run before the next step).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class KVCells:
         self.size = size
         self.pos = np.full(size, -1, dtype=np.int32)
         self.seqs = np.zeros(size, dtype=np.uint64)
+        self.shift = np.zeros(size, dtype=np.int32)     # how far each cell's key must turn
         self._end = 0                                   # 1 + the last cell in use
 
     # --- counts -----------------------------------------------------------------------------
@@ -43,6 +47,10 @@ class KVCells:
     @property
     def free(self) -> int:
         return self.size - self.used
+
+    @property
+    def has_shift(self) -> bool:
+        return bool(self.shift[:self._end].any())
 
     @property
     def end(self) -> int:
@@ -61,6 +69,7 @@ class KVCells:
         """Put the tokens at ``positions`` of sequences ``seq_ids`` into empty ``cells``."""
         self.pos[cells] = positions
         self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        self.shift[cells] = 0
         self._end = max(self._end, int(cells.max()) + 1)
 
     def mask(self, positions: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int,
@@ -102,6 +111,29 @@ class KVCells:
         self.seqs &= keep
         self._release()
 
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move the positions [p0, p1) of ``seq_id`` (p1 < 0: to the end) by ``delta``;
+        cells moved before position 0 are dropped. A cell other sequences share cannot move
+        (it would move for them too): that is an error, and nothing moves."""
+        bit = _bit(_checked(seq_id))
+        moving = self._in_range(p0, p1) & ((self.seqs & bit) != 0)
+        if (self.seqs[moving] != bit).any():
+            raise InvalidArgumentError(f"sequence {seq_id} shares cells in positions "
+                                       f"[{p0}, {p1}) with other sequences: they cannot move")
+        if delta == 0:
+            return
+        self.pos[moving] += delta
+        self.shift[moving] += delta
+        self.seqs[moving & (self.pos < 0)] = 0
+        self._release()
+
+    def take_shift(self) -> np.ndarray:
+        """The pending shifts of the first ``end`` cells, forgotten from now on (the keys
+        are being turned by them)."""
+        shift = self.shift[:self._end].copy()
+        self.shift.fill(0)
+        return shift
+
     def seq_pos_max(self, seq_id: int) -> int:
         """The last position of ``seq_id`` in the cache, -1 when it has none."""
         used = (self.seqs[:self._end] & _bit(_checked(seq_id))) != 0
@@ -119,6 +151,7 @@ class KVCells:
     def clear(self) -> None:
         self.pos.fill(-1)
         self.seqs.fill(0)
+        self.shift.fill(0)
         self._end = 0
 
     # --- helpers ----------------------------------------------------------------------------
@@ -134,6 +167,7 @@ class KVCells:
         """Empty the cells no sequence uses any more, and move ``end`` back."""
         gone = (self.seqs == 0) & (self.pos >= 0)
         self.pos[gone] = -1
+        self.shift[gone] = 0
         live = np.flatnonzero(self.pos[:self._end] >= 0)
         self._end = int(live[-1]) + 1 if live.size else 0
 

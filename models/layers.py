@@ -12,6 +12,7 @@ import math
 
 from polydev import Tensor, ops
 
+from .kv_shift import KeyRope
 from .loader import ModelWeights
 from .step import StepGraph
 
@@ -87,6 +88,7 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
                 freq_base=freq_base, freq_scale=hp.rope_freq_scale)
     q = named(ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope), "Qcur", il)
     k = named(ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope), "Kcur", il)
+    s.key_rope[il] = KeyRope(rope_freqs, rope)      # what a K-shift turns the cached keys by
     scale = 1.0 / math.sqrt(head_k) if q_scale is None else q_scale
     k_all, v_all = s.kv.store_and_view(ctx, il, k, v, s.cells, s.shape.n_kv)
     q = ctx.permute(q, 0, 2, 1, 3)                           # [head_k, n_tokens, n_head]

@@ -81,6 +81,7 @@ class Model(Resource):
         self.load_seconds = time.perf_counter() - start
         self._logits: np.ndarray | None = None
         self.tokens: list[int] = []          # the context: every token evaluated, in order
+        self._edits = 0                      # memory edits that ``tokens`` has seen
         self.generated: list[int] = []       # the tokens the last generate produced
 
     # --- text ------------------------------------------------------------------------------
@@ -108,7 +109,8 @@ class Model(Resource):
         """Evaluate a ``Batch`` of tokens of one or many sequences (llama.cpp's
         ``llama_decode``); the logits of the tokens it asks for, [n_asked, n_vocab], in its
         order. Sequence 0 is the one ``eval`` and ``generate`` continue; ``memory`` holds every
-        sequence's cells (``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_pos_max``)."""
+        sequence's cells (``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_add``,
+        ``seq_pos_max``)."""
         self._check_open()
         logits = self.evaluator.decode(batch)
         self.tokens += [t for t, seq in zip(batch.tokens, batch.seq_ids) if seq == 0]
@@ -129,7 +131,7 @@ class Model(Resource):
         """Forget the context (the KV cache and the tokens in it)."""
         self._check_open()
         self.evaluator.reset()
-        self.tokens, self._logits = [], None
+        self.tokens, self._logits, self._edits = [], None, self.kv.edits
 
     @property
     def n_ctx(self) -> int:
@@ -192,12 +194,14 @@ class Model(Resource):
         conversation re-sends its history every turn); returns the tokens still to evaluate
         (at least one, for its logits)."""
         keep = 0
-        self.tokens = self.tokens[:self.evaluator.n_past]    # memory.seq_rm may have cut it
+        if self.kv.edits != self._edits:    # memory.seq_* changed sequence 0 behind our back
+            self.tokens = []
         for cached, new in zip(self.tokens, ids[:-1]):
             if cached != new:
                 break
             keep += 1
         self.evaluator.truncate(keep)
+        self._edits = self.kv.edits
         self.tokens, self._logits = self.tokens[:keep], None
         return ids[keep:]
 

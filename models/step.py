@@ -19,6 +19,7 @@ from polydev import Context, GGMLType, Graph, Tensor, build_graph, tensor_set
 from .batch import UBatch
 from .hparams import HParams
 from .kv_cache import KVCache
+from .kv_shift import KeyRope
 
 __all__ = ["StepShape", "StepGraph"]
 
@@ -48,6 +49,7 @@ class StepGraph:
         self._mask_rows = np.empty((n, n_kv), dtype=np.float16)     # filled, then written
         self.out_ids = (ctx.new_tensor(GGMLType.I32, [shape.n_outputs], name="inp_out_ids")
                         .set_input() if shape.n_outputs < n else None)
+        self.key_rope: dict[int, KeyRope] = {}      # filled by layers.attention
         self.logits: Tensor = build(self).set_output()
         self.graph: Graph = build_graph(self.logits)
         # An input no node reads gets no memory, so it is never written: a gemma3 whose

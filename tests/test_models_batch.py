@@ -114,7 +114,7 @@ def test_sequence_ids_are_checked():
 # --- batches of sequences against each sequence alone -----------------------------------------
 
 MODELS = {
-    "llama": dict(arch="llama", n_layer=2),
+    "llama": dict(arch="llama", n_layer=2, head_dim=32),
     "gemma3": dict(arch="gemma3", head_dim=32, sliding_window=4, n_layer=3),
     "qwen3moe": dict(arch="qwen3moe", n_expert=4, head_dim=32, n_layer=2),
 }
@@ -426,3 +426,65 @@ def test_a_failed_batch_ends_its_requests_and_the_engine_goes_on(engine_model, m
                       if isinstance(e, Finished) else None, max_tokens=4)
         engine.run_until_done()
         assert ends[-1].reason in ("stop", "length") and m.memory.cells.used > 0
+
+
+@pytest.mark.parametrize("cache", ["f32", "f16", "q8_0"])
+def test_moved_positions_turn_the_cached_keys(model_file, cache):
+    """seq_add moves a whole sequence 10 positions on: RoPE makes attention depend on
+    relative positions only, so the next tokens' logits are those of the unmoved sequence
+    (the keys turned in the cache's own type)."""
+    ids, tail = tokens_for(24, 21), tokens_for(3, 22)
+    tolerance = {"f32": 1e-4, "f16": 5e-3, "q8_0": 3e-2}[cache]
+    with load(model_file, devices=[], n_ctx=256, type_k=cache, type_v=cache,
+              progress=False) as m:
+        m.eval(ids + tail, all_logits=True)
+        want = m.logits()[len(ids):]
+        m.reset()
+        m.eval(ids)
+        m.memory.seq_add(0, 0, -1, 10)
+        assert m.memory.seq_pos_max(0) == 33
+        got = m.decode(Batch().add_sequence(tail, 0, logits="all"))
+        assert not m.memory.cells.has_shift
+    np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max())
+
+
+def test_a_context_shift_drops_a_span_and_moves_the_rest(tmp_path):
+    """llama.cpp's context shift: drop positions 5-11 and move the rest back by 7. With one
+    layer the cached keys and values of the tokens left depend on nothing that was dropped,
+    so the next tokens' logits are those of a fresh evaluation of the text that is left."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=1, weight_type="F16")
+    ids, tail = tokens_for(24, 23), tokens_for(3, 24)
+    kept = ids[:5] + ids[12:]
+    with load(path, devices=[], n_ctx=256, type_k="f32", type_v="f32", progress=False) as m:
+        m.eval(kept + tail, all_logits=True)
+        want = m.logits()[len(kept):]
+        m.reset()
+        m.eval(ids)
+        m.memory.seq_rm(0, 5, 12)
+        m.memory.seq_add(0, 12, -1, -7)
+        got = m.decode(Batch().add_sequence(tail, 0, logits="all"))
+    close(got, want)
+
+
+def test_shared_cells_do_not_move():
+    cells = KVCells(8)
+    cells.assign(np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int32),
+                 np.zeros(4, np.int32))
+    cells.seq_cp(0, 1, 0, 2)
+    with pytest.raises(InvalidArgumentError, match="shares cells"):
+        cells.seq_add(0, 0, -1, 3)
+    assert cells.pos[:4].tolist() == [0, 1, 2, 3] and not cells.has_shift
+    cells.seq_add(0, 2, -1, -3)                    # positions 2, 3 -> -1 (dropped), 0
+    assert cells.pos[:4].tolist() == [0, 1, -1, 0] and cells.shift[3] == -3
+
+
+def test_generate_after_the_memory_was_edited_starts_over(engine_model):
+    """Model.tokens cannot follow seq_rm/seq_add made through memory: generate then
+    evaluates its prompt afresh instead of trusting a cache that no longer matches."""
+    ids = tokens_for(20, 31)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        want = "".join(m.generate(ids, 6, temperature=0))
+        m.memory.seq_rm(0, 5, 12)
+        m.memory.seq_add(0, 12, -1, -7)
+        assert "".join(m.generate(ids, 6, temperature=0)) == want
+        assert m.tokens[:20] == ids
