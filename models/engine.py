@@ -188,8 +188,13 @@ class BatchEngine:
             return True
         self._record(batch)
         for slot, row in zip(owners, logits):
-            if slot.handle is not None:
+            if slot.handle is None:
+                continue
+            try:
                 self._sample(slot, row)
+            except Exception as e:          # one request's failure is not the others'
+                log.exception("sampling failed")
+                self._finish(slot, "error", e, flush=False)
         return True
 
     def abort(self, error: Exception) -> None:

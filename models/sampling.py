@@ -38,6 +38,9 @@ class SamplingParams:
                                        "in [0, 1]")
         if self.repeat_penalty <= 0:
             raise InvalidArgumentError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed is not None and self.seed < 0:
+            raise InvalidArgumentError(f"seed must be 0 or more (None: a random one), got "
+                                       f"{self.seed}")
         if self.repeat_last_n < -1:
             raise InvalidArgumentError(f"repeat_last_n must be -1 (the context) or more, got "
                                        f"{self.repeat_last_n}")

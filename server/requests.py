@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from polydev.errors import PolydevError
 from polydev.models import SamplingParams
 
 __all__ = ["RequestError", "Generation", "read_completion", "read_chat"]
@@ -133,9 +134,14 @@ def _sampling(body: dict) -> SamplingParams:
         repeat_penalty=_number(body, "repeat_penalty", d.repeat_penalty, 0.0, None),
         seed=_field(body, "seed", int, None),
     )
+    if values["seed"] is not None and values["seed"] < 0:
+        values["seed"] = None           # llama-server's -1 (any negative): a random seed
     if values["repeat_penalty"] <= 0:
         raise RequestError("repeat_penalty must be more than 0", param="repeat_penalty")
-    return SamplingParams(**values)
+    try:
+        return SamplingParams(**values)
+    except PolydevError as e:
+        raise RequestError(str(e)) from None
 
 
 def _field(body: dict, name: str, kind: type, default, prefix: str = ""):

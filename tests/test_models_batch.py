@@ -488,3 +488,25 @@ def test_generate_after_the_memory_was_edited_starts_over(engine_model):
         m.memory.seq_add(0, 12, -1, -7)
         assert "".join(m.generate(ids, 6, temperature=0)) == want
         assert m.tokens[:20] == ids
+
+
+def test_a_request_whose_sampling_fails_ends_alone(engine_model, monkeypatch):
+    from polydev.models.sampling import Sampler
+
+    sample, calls = Sampler.sample, []
+
+    def first_fails(self, logits):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("probabilities contain NaN")
+        return sample(self, logits)
+    monkeypatch.setattr(Sampler, "sample", first_fails)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        engine, ends = BatchEngine(m, n_slots=2), {}
+        for i in range(2):
+            engine.submit(tokens_for(5, i), lambda e, i=i: ends.setdefault(i, e)
+                          if isinstance(e, Finished) else None, max_tokens=3)
+        engine.run_until_done()
+    assert sorted(e.reason for e in ends.values())[0] == "error"
+    assert {e.reason for e in ends.values()} - {"error"} <= {"stop", "length"}
+    assert sum(e.reason == "error" for e in ends.values()) == 1

@@ -154,6 +154,15 @@ def test_sixteen_clients_at_once_get_what_each_gets_alone(model_file, alone):
         assert float(values["polydev:predicted_tokens_seconds"]) > 0
 
 
+def test_a_negative_seed_is_a_random_one_and_top_k_zero_is_off(model_file):
+    with live_server(model_file) as (url, _):
+        c = client(url)
+        for body in (dict(seed=-1), dict(top_p=1.0, extra_body={"top_k": 0, "min_p": 0.0}),
+                     dict(stop="")):
+            r = c.completions.create(model="m", prompt="w1 w2", max_tokens=3, **body)
+            assert r.usage.completion_tokens <= 3
+
+
 def test_models_health_and_slots(model_file):
     with live_server(model_file, n_slots=3) as (url, _):
         assert [m.id for m in client(url).models.list()] == ["test-model"]
