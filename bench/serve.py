@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 
 from figures import leave_bench_dir, parse_args, print_figures, real_models  # bench/
 from models import SCALE_MODELS, scale_model, with_llama_cpp  # bench/
@@ -184,13 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         models[SCALE_MODEL] = scale_model(SCALE_MODEL, SCALE_MODELS[SCALE_MODEL])
     figures = []
     for label, path in models.items():
-        engines = {"polydev CPU": lambda p: polydev_server(path, p, ["--device", "none"]),
-                   "llama-cpp-python server": lambda p: llama_cpp_server(path, p,
-                                                                          args.llama_cpp)}
+        engines = {"polydev CPU": partial(polydev_server, path, extra=["--device", "none"]),
+                   "llama-cpp-python server": partial(llama_cpp_server, path,
+                                                      directory=args.llama_cpp)}
         # OpenCL on PoCL shares these two cores: minutes per request of a 1B-class model
         layers = None if args.no_opencl or label == SCALE_MODEL else opencl_layers(path)
         if layers:
-            engines["polydev OpenCL0+CPU"] = lambda p: polydev_server(path, p, layers)
+            engines["polydev OpenCL0+CPU"] = partial(polydev_server, path, extra=layers)
         results = {}
         for engine, start in engines.items():
             port = free_port()
