@@ -262,10 +262,25 @@ static inline __attribute__((always_inline)) void b32_chunk(int type, const uint
     }
 }
 
+/* Ask for a block's bytes PREFETCH_BYTES ahead of where the kernel reads. Every product
+ * streams its weight once, and with more than one activation row a block takes long enough to
+ * multiply that the hardware prefetchers fall behind: a 52 MB Q4_K weight times 8 rows ran at
+ * 172 GMAC/s against 330 for one that fits the caches; with this, 340 (2 threads, Zen 4), and
+ * one row reads 20% faster. 8 KiB ahead was best of 2 to 16 (Q8_0 needs the most). */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 8192
+#endif
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p,
+                                                                 int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64)
+        __builtin_prefetch(p + PREFETCH_BYTES + c, 0, 3);
+}
+
 /* n group blocks from p (one span) unpacked into w16 */
 static inline __attribute__((always_inline)) void unpack_span(int type, const uint8_t *p,
                                                               int64_t n, int16_t *w16) {
     for (int64_t b = 0; b < n; b++, p += group_block_bytes(type)) {
+        prefetch_block(p, group_block_bytes(type));
         int16_t *w = w16 + 32 * slots(type) * b;
         r16_pairs lo, hi;
         if (block_values(type) == QK) {
@@ -313,6 +328,7 @@ GROUP_BODY(group_k4) {
     r16_floats acc[TILE];
     start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
+        if (!w16) prefetch_block(p, group_block_bytes(type));
         const r16_floats d = r16_fp16(p), dmin = r16_fp16(p + 32);
         for (int g = 0; g < 8; g++) {
             r16_sums s[TILE][2];
@@ -356,6 +372,7 @@ GROUP_BODY(group_q6_k) {
     r16_floats acc[TILE];
     start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += Q6_K_X16) {
+        if (!w16) prefetch_block(p, Q6_K_X16);
         const r16_floats d = r16_fp16(p);
         r16_floats block[TILE];
         for (int r = 0; r < ROWS; r++) block[r] = r16_floats_zero();
@@ -391,6 +408,7 @@ GROUP_BODY(group_32) {
     r16_floats acc[TILE];
     start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
+        if (!w16) prefetch_block(p, group_block_bytes(type));
         r16_sums s[TILE][2];
         for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = r16_sums_zero();
         _Pragma("GCC unroll 16")
