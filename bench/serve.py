@@ -6,7 +6,8 @@ each server runs in its own process on 127.0.0.1, one after the other: polydev s
 exists, and for gemma-3-270m only: PoCL takes minutes per 1B-class request) and
 llama-cpp-python's own server (``python -m llama_cpp.server``, 2 threads; it answers one
 request at a time), the one a Python user would pick. Each round sends N streaming
-completions at once (distinct prompts, temperature 0.8, its own seed) and measures:
+completions of 128 tokens at once (distinct prompts, temperature 0.8, its own seed) and
+measures:
 - aggregate generation t/s: completion tokens of all N / the round's wall time;
 - time to first token, p50 and p95 over the N requests.
 Figures: polydev's aggregate t/s at 8 streams / at 1 stream (target 3.0) and / llama-cpp-python
@@ -37,6 +38,7 @@ N_CTX = 4096
 READY_SECONDS = 600         # a 1B-class model on PoCL takes minutes to load
 REQUEST_SECONDS = 600
 SCALE_MODEL = "llama 1B-class Q4_K"
+N_GEN = 128                 # tokens per request, as llama-bench's tg128
 
 
 def free_port() -> int:
@@ -178,7 +180,7 @@ def opencl_layers(path: str) -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv, extra=_options)
-    max_tokens = 16 if args.quick else 64
+    max_tokens = 16 if args.quick else N_GEN
     models = {"gemma-3-270m Q4_K_M": real_models()["gemma-3-270m Q4_K_M"]}
     if not args.quick:
         models[SCALE_MODEL] = scale_model(SCALE_MODEL, SCALE_MODELS[SCALE_MODEL])

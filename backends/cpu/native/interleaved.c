@@ -272,7 +272,7 @@ static inline __attribute__((always_inline)) void b32_chunk(int type, const uint
 #endif
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p,
                                                                  int64_t bytes) {
-    for (int64_t c = 0; c < bytes; c += 64)
+    for (int64_t c = 0; PREFETCH_BYTES > 0 && c < bytes; c += 64)     /* 0: none */
         __builtin_prefetch(p + PREFETCH_BYTES + c, 0, 3);
 }
 
