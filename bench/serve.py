@@ -2,10 +2,9 @@
 
 For each model (gemma-3-270m, and TinyLlama's widths in Q4_K from bench/models.py's 1B class),
 each server runs in its own process on 127.0.0.1, one after the other: polydev serve on the CPU
-(-np 16), polydev serve with half the layers on OpenCL0 (-ngl n/2; where an OpenCL device
-exists, and for gemma-3-270m only: PoCL takes minutes per 1B-class request) and
-llama-cpp-python's own server (``python -m llama_cpp.server``, 2 threads; it answers one
-request at a time), the one a Python user would pick. Each round sends N streaming
+(-np 16), polydev serve with half the layers on OpenCL0 (-ngl n/2, where an OpenCL device
+exists) and llama-cpp-python's own server (``python -m llama_cpp.server``, 2 threads; it
+answers one request at a time), the one a Python user would pick. Each round sends N streaming
 completions of 128 tokens at once (distinct prompts, temperature 0.8, its own seed) and
 measures:
 - aggregate generation t/s: completion tokens of all N / the round's wall time;
@@ -189,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         engines = {"polydev CPU": partial(polydev_server, path, extra=["--device", "none"]),
                    "llama-cpp-python server": partial(llama_cpp_server, path,
                                                       directory=args.llama_cpp)}
-        # OpenCL on PoCL shares these two cores: minutes per request of a 1B-class model
-        layers = None if args.no_opencl or label == SCALE_MODEL else opencl_layers(path)
+        layers = None if args.no_opencl else opencl_layers(path)
         if layers:
             engines["polydev OpenCL0+CPU"] = partial(polydev_server, path, extra=layers)
         results = {}
