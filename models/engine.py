@@ -220,9 +220,9 @@ class BatchEngine:
             if slot.handle is not None and slot.handle.cancelled:
                 self._finish(slot, "cancelled")
         with self._lock:
-            kept = [h for h in self._queue if not h.cancelled]
-            dropped = len(self._queue) - len(kept)
-            self._queue = deque(kept)
+            dropped = sum(h.cancelled for h in self._queue)
+            if dropped:
+                self._queue = deque(h for h in self._queue if not h.cancelled)
         if dropped:
             log.debug("%d waiting requests were cancelled", dropped)
 
@@ -243,13 +243,12 @@ class BatchEngine:
     def _start(self, slot: _Slot, handle: Handle) -> None:
         prompt = handle.prompt
         keep = _common_prefix(slot.cached, prompt[:-1])     # the last token gives logits
-        donor = max((s for s in self.slots if s is not slot), default=None,
-                    key=lambda s: _common_prefix(s.cached, prompt[:-1]))
-        shared = _common_prefix(donor.cached, prompt[:-1]) if donor else 0
+        shared, donor = max(((_common_prefix(s.cached, prompt[:-1]), s.seq_id)
+                             for s in self.slots if s is not slot), default=(0, None))
         kv = self.model.kv
         if shared >= max(keep + 1, _MIN_SHARED_PREFIX):
             kv.seq_rm(slot.seq_id)
-            kv.seq_cp(donor.seq_id, slot.seq_id, 0, shared)
+            kv.seq_cp(donor, slot.seq_id, 0, shared)
             keep = shared
         else:
             kv.seq_rm(slot.seq_id, keep)

@@ -133,9 +133,7 @@ class Evaluator(Resource):
         its shape is new, not yet allocated) and the cells."""
         cells = self.kv.cells.find(ub.n_tokens)
         if cells is None:
-            raise ContextFullError(
-                f"the context holds {self.kv.size} tokens: {self.kv.cells.used} are cached and "
-                f"{ub.n_tokens} more do not fit (raise n_ctx, or free sequences)")
+            raise self._context_full(ub.n_tokens)
         self.kv.cells.assign(cells, ub.positions, ub.seq_ids)
         return self.graph(ub.n_tokens, max(1, ub.outputs.size)), cells
 
@@ -157,6 +155,11 @@ class Evaluator(Resource):
                 self._graphs.popitem(last=False)
         self._graphs.move_to_end(shape)
         return g
+
+    def _context_full(self, n_tokens: int) -> ContextFullError:
+        return ContextFullError(
+            f"the context holds {self.kv.size} tokens: {self.kv.cells.used} are cached and "
+            f"{n_tokens} more do not fit (raise n_ctx, or free sequences)")
 
     def _checked_tokens(self, tokens) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -195,17 +198,15 @@ class Evaluator(Resource):
         """Evaluate ``ub`` in pieces of ``n_batch``; the logits of its output rows. When a
         piece fails, the tokens of ``ub`` already cached are forgotten (llama.cpp's rollback)."""
         if ub.n_tokens > self.kv.cells.free:
-            raise ContextFullError(
-                f"the context holds {self.kv.size} tokens: {self.kv.cells.used} are cached and "
-                f"{ub.n_tokens} more do not fit (raise n_ctx, or free sequences)")
+            raise self._context_full(ub.n_tokens)
         self._turn_moved_keys()
         start, rows = time.perf_counter(), []
         try:
             for piece in ub.split(self.n_batch):
                 rows.append(self._step(piece))
         except BaseException:
-            for seq in np.unique(ub.seq_ids):
-                self.kv.seq_rm(int(seq), int(ub.positions[ub.seq_ids == seq].min()))
+            for seq in np.unique(ub.seq_ids):    # the cells only: no edit of the sequences
+                self.kv.cells.seq_rm(int(seq), int(ub.positions[ub.seq_ids == seq].min()))
             raise
         self.timings.add(ub.n_tokens, time.perf_counter() - start, ub.n_tokens > 1)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)   # one step: no copy
