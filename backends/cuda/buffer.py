@@ -30,13 +30,18 @@ class CUDABuffer(Buffer):
         self.ptr = int(memptr.ptr)
         self.device = device
 
+    # A plain cudaMemcpy from pageable memory may return before its DMA lands, ordered only
+    # on the legacy stream, which the backends' non-blocking streams do not wait for: the
+    # copies go on the transfer stream, whose synchronize on leaving idle() waits for them.
     def _set(self, t: Tensor, data: np.ndarray, offset: int) -> None:
-        with self.device.idle():
-            (self.memptr + t.offset + offset).copy_from_host(data.ctypes.data, data.nbytes)
+        with self.device.idle() as stream:
+            (self.memptr + t.offset + offset).copy_from_host_async(data.ctypes.data,
+                                                                   data.nbytes, stream)
 
     def _get(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        with self.device.idle():
-            (self.memptr + t.offset + offset).copy_to_host(out.ctypes.data, out.nbytes)
+        with self.device.idle() as stream:
+            (self.memptr + t.offset + offset).copy_to_host_async(out.ctypes.data, out.nbytes,
+                                                                 stream)
 
     def _memset(self, t: Tensor, value: int, offset: int, size: int) -> None:
         self._fill(value, t.offset + offset, size)
