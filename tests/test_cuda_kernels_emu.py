@@ -28,7 +28,7 @@ from cuda_emu import EmuLauncher, build, compiler
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler for the emulation")
 
 OWN_OPS = {"MUL_MAT", "MUL_MAT_ID", "GET_ROWS", "NORM", "RMS_NORM", "L2_NORM", "SOFT_MAX",
-           "ROPE"}
+           "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"}
 
 
 class EmuBackend(CPUBackend):
@@ -72,9 +72,10 @@ def emu():
         yield b
 
 
-# The emulation runs a block's threads as OS threads, so the two sweeps with the most blocks
-# are sampled (every SAMPLE-th case, each type still present); the others run whole.
-SAMPLED_OPS, SAMPLE = {"MUL_MAT_ID", "SOFT_MAX"}, 4
+# The emulation runs a block's threads as OS threads, so the sweeps with the most blocks are
+# sampled (every n-th case, each type still present); the others run whole. Flash attention
+# (128 threads a block, seconds a case) has its features covered by a test of its own below.
+SAMPLE_EVERY = {"MUL_MAT_ID": 4, "SOFT_MAX": 4, "FLASH_ATTN_EXT": 32}
 
 
 def _cases():
@@ -83,7 +84,7 @@ def _cases():
     chosen = []
     for c in cases:
         i = seen[c.op] = seen.get(c.op, -1) + 1
-        if c.op not in SAMPLED_OPS or i % SAMPLE == 0:
+        if i % SAMPLE_EVERY.get(c.op, 1) == 0:
             chosen.append(c)
     return chosen
 
@@ -143,7 +144,7 @@ def test_mat_vec_matches_cpu(emu, cpu, type_):
     cpu.set_numerics("exact")   # the CUDA mat-vec multiplies float32 activations, as exact does
     rng = np.random.default_rng(int(type_))
     raw = _random_rows(type_, 24, 512, rng)
-    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
     np.testing.assert_allclose(_mat_vec(emu, type_, raw, x), _mat_vec(cpu, type_, raw, x),
                                rtol=2e-5, atol=2e-4)
 
@@ -182,3 +183,65 @@ def test_get_rows_bad_index_sets_the_flag(emu):
 def test_own_kernels_cover_the_inference_ops():
     assert {op.name for op in (Op.MUL_MAT, Op.MUL_MAT_ID, Op.GET_ROWS, Op.RMS_NORM,
                                Op.SOFT_MAX, Op.ROPE)} <= OWN_OPS
+
+
+def _attention(backend, kv_type: GGMLType, dims: tuple[int, int], options: dict, rng):
+    """FLASH_ATTN_EXT over 3 query rows of 4 heads (2 K/V heads) and 2 sequences, 200 cells
+    (a tile and a part of one), with holes in the mask and a row of the second sequence that
+    sees nothing."""
+    (d, dv), n_q, n_kv, n_head, n_head_kv, n_seq = dims, 3, 200, 4, 2, 2
+    mask = np.where(rng.random((n_seq, 1, n_q, n_kv)) < 0.3, -np.inf, 0).astype(np.float16)
+    mask[1, 0, 2] = -np.inf
+    values = {"q": rng.standard_normal((n_seq, n_head, n_q, d)).astype(np.float32),
+              "k": rng.standard_normal((n_seq, n_head_kv, n_kv, d)).astype(np.float32),
+              "v": rng.standard_normal((n_seq, n_head_kv, n_kv, dv)).astype(np.float32),
+              "mask": mask, "sinks": rng.standard_normal(n_head).astype(np.float32)}
+    ctx = Context()
+    t = {"q": ctx.new_tensor(GGMLType.F32, [d, n_q, n_head, n_seq]),
+         "k": ctx.new_tensor(kv_type, [d, n_kv, n_head_kv, n_seq]),
+         "v": ctx.new_tensor(kv_type, [dv, n_kv, n_head_kv, n_seq]),
+         "mask": ctx.new_tensor(GGMLType.F16, [n_kv, n_q, 1, n_seq]),
+         "sinks": ctx.new_tensor(GGMLType.F32, [n_head])}
+    out = ops.flash_attn_ext(ctx, t["q"], t["k"], t["v"], t["mask"], 0.125,
+                             options.get("max_bias", 0.0), options.get("softcap", 0.0))
+    if options.get("sinks"):
+        ops.flash_attn_ext_add_sinks(out, t["sinks"])
+    with alloc_ctx_tensors(ctx, backend):
+        for name, tensor in t.items():
+            tensor.set_data(values[name])
+        backend.graph_compute(build_graph(out))
+        return out.numpy().copy()
+
+
+@pytest.mark.parametrize("kv_type", [GGMLType.F16, GGMLType.F32], ids=["f16", "f32"])
+@pytest.mark.parametrize("options", [{}, {"sinks": True}, {"softcap": 30.0},
+                                     {"max_bias": 8.0, "sinks": True}],
+                         ids=["plain", "sinks", "softcap", "alibi-sinks"])
+def test_flash_attention_vec_matches_cpu(emu, cpu, kv_type, options):
+    seed = int(kv_type) + len(str(options))
+    expected = _attention(cpu, kv_type, (64, 64), options, np.random.default_rng(seed))
+    got = _attention(emu, kv_type, (64, 64), options, np.random.default_rng(seed))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert not got[1, 2].any()                         # the row that sees nothing: zeros
+
+
+def test_flash_attention_vec_wide_heads(emu, cpu):
+    """DeepSeek's 576-wide keys over 512-wide values: several channels per thread."""
+    expected = _attention(cpu, GGMLType.F16, (576, 512), {}, np.random.default_rng(3))
+    got = _attention(emu, GGMLType.F16, (576, 512), {}, np.random.default_rng(3))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_set_rows_bad_index_sets_the_flag(emu):
+    ctx = Context()
+    cache = ctx.new_tensor(GGMLType.F16, [8, 4])
+    rows = ctx.new_tensor(GGMLType.F32, [8, 2])
+    idx = ctx.new_tensor(GGMLType.I64, [2])
+    out = ops.set_rows(ctx, cache, rows, idx)
+    with alloc_ctx_tensors(ctx, emu):
+        cache.set_data(np.zeros((4, 8), np.float16))
+        rows.set_data(np.arange(16, dtype=np.float32).reshape(2, 8))
+        idx.set_data(np.array([3, 4], np.int64))             # 4: there are 4 rows
+        with pytest.raises(OutOfBoundsError):
+            emu.graph_compute(build_graph(out))
+        np.testing.assert_array_equal(cache.numpy()[0, 0, 3], np.arange(8))

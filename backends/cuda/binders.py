@@ -28,9 +28,18 @@ ROW_TYPE_NAMES = {
     GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0",
     GGMLType.Q4_K: "q4_K", GGMLType.Q5_K: "q5_K", GGMLType.Q6_K: "q6_K",
 }
-MAT_VEC_MAX_COLS = 8        # quant.cu's MMV_MAX_COLS
+# columns of src1 the mat-vec kernel takes (quant.cu's MMV_MAX_COLS is 8): its time grows with
+# each column (on an H100, 8 columns of a 2048 x 5632 Q4_K took 6x one), where decoding the
+# weight for cuBLAS costs the same for any count
+MAT_VEC_MAX_COLS = 1
 MAT_VEC_ROWS_PER_BLOCK = 4  # warps per block of the mat-vec kernels (one row each)
 MUL_MAT_ID_VEC_MAX_TOKENS = 16   # above this, MUL_MAT_ID groups tokens by expert (cuBLAS)
+# FLASH_ATTN_EXT: query rows up to this run attention.cu's kernel, a block per row and head;
+# more rows (prompts) are batched products, which read each K/V cell once for many rows
+FLASH_ATTN_VEC_MAX_ROWS = 32
+FLASH_ATTN_VEC_THREADS = 128      # attention.cu's FA_THREADS
+FLASH_ATTN_VEC_MAX_D = 1024       # attention.cu's FA_MAX_D
+SET_ROWS_KINDS = {F32: 0, F16: 1, BF16: 2}
 NORM_KINDS = {Op.NORM: 0, Op.RMS_NORM: 1, Op.L2_NORM: 2}
 
 
@@ -102,6 +111,21 @@ def soft_max_ok(node: Tensor) -> bool:
         and (sinks is None or sinks.type == F32))
 
 
+def set_rows_ok(node: Tensor) -> bool:
+    src, idx = node.src[0], node.src[1]
+    return (node.type in SET_ROWS_KINDS and src.type in (F32, F16)
+        and idx.type in (I32, GGMLType.I64))
+
+
+def flash_attn_vec_ok(node: Tensor) -> bool:
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask, sinks = _optional_src(node, 3), _optional_src(node, 4)
+    return (q.ne[1] <= FLASH_ATTN_VEC_MAX_ROWS and q.type == F32 and node.type == F32
+        and k.type in (F32, F16) and v.type in (F32, F16)
+        and max(q.ne[0], v.ne[0]) <= FLASH_ATTN_VEC_MAX_D
+        and (mask is None or mask.type == F16) and (sinks is None or sinks.type == F32))
+
+
 def rope_ok(node: Tensor) -> bool:
     ff = _optional_src(node, 2)
     mode, n_offs = node.op_params[2], node.op_params[15]
@@ -165,6 +189,33 @@ def bind_soft_max(launcher: Launcher, node: Tensor) -> Callable[[], None]:
         + [np.float32(scale), np.float32(max_bias), m0, m1, np.int32(n_head_log2),
            np.int32(mask_type), np.int32(sinks is not None)])
     return launcher.launch("soft_max_f32", *_row_geometry(src), args)
+
+
+def bind_set_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    src, idx = node.src[0], node.src[1]
+    args = (tensor_args(launcher, src) + tensor_args(launcher, idx) + tensor_args(launcher, node)
+        + [np.int32(src.type == F16), np.int32(SET_ROWS_KINDS[node.type]),
+           np.int32(idx.type == GGMLType.I64), launcher.bad_index])
+    block = (_warps(src.ne[0], 256),)
+    return launcher.launch("set_rows", (src.ne[1], src.ne[2], src.ne[3]), block, args,
+                           checks_indices=True)
+
+
+def bind_flash_attn_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask, sinks = _optional_src(node, 3), _optional_src(node, 4)
+    scale, max_bias, softcap = node.op_params[:3]
+    if softcap:
+        scale /= softcap                  # softcap * tanh(scale / softcap * s), as ggml
+    m0, m1, n_head_log2 = alibi_params(q.ne[2], max_bias)
+    args = (tensor_args(launcher, q) + tensor_args(launcher, k) + tensor_args(launcher, v)
+        + tensor_args(launcher, mask) + tensor_args(launcher, sinks)
+        + tensor_args(launcher, node)
+        + [np.float32(scale), np.float32(softcap), np.float32(max_bias), m0, m1,
+           np.int32(n_head_log2), np.int32(k.type == F16), np.int32(v.type == F16),
+           np.int32(mask is not None), np.int32(sinks is not None)])
+    return launcher.launch("flash_attn_ext_vec", (q.ne[1], q.ne[2], q.ne[3]),
+                           (FLASH_ATTN_VEC_THREADS,), args)
 
 
 def rope_scalars(node: Tensor) -> list:

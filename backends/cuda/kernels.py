@@ -27,6 +27,8 @@ OWN_KERNELS: dict[Hashable, Kernel] = {
     Op.L2_NORM: Kernel(binders.norm_ok, binders.bind_norm),
     Op.SOFT_MAX: Kernel(binders.soft_max_ok, binders.bind_soft_max),
     Op.ROPE: Kernel(binders.rope_ok, binders.bind_rope),
+    Op.SET_ROWS: Kernel(binders.set_rows_ok, binders.bind_set_rows),
+    Op.FLASH_ATTN_EXT: Kernel(binders.flash_attn_vec_ok, binders.bind_flash_attn_vec),
 }
 
 # array kernels that replace the shared ones where they apply

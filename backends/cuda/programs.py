@@ -12,7 +12,7 @@ from typing import Any
 from polydev.probes import error_lines
 
 SOURCE_DIR = Path(__file__).with_name("cu")
-SOURCE_FILES = ("common.cuh", "quant.cu", "rows.cu", "rope.cu")
+SOURCE_FILES = ("common.cuh", "quant.cu", "rows.cu", "rope.cu", "attention.cu")
 
 
 def kernel_source() -> str:

@@ -27,6 +27,7 @@ using std::max;
 using std::min;
 
 inline float __int_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned v; memcpy(&v, &f, 4); return v; }
 inline float f16_to_f32(unsigned short u) { _Float16 h; memcpy(&h, &u, 2); return (float) h; }
 inline unsigned short f32_to_f16(float f) {
     _Float16 h = (_Float16) f;

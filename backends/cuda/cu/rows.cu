@@ -70,3 +70,33 @@ extern "C" __global__ void soft_max_f32(TENSOR(src0), TENSOR(mask), TENSOR(sinks
         *(float *) ADDR(dst, i0, i1, i2, i3) *= inv;
     }
 }
+
+// ggml's float to bf16: round to nearest even, NaN kept quiet
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16) ((u >> 16) | 64);
+    return (u16) ((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+// SET_ROWS: dst(:, idx(i1, i2 % idx_ne1, i3 % idx_ne2), i2, i3) = src(:, i1, i2, i3), the
+// source f32 or f16 (src_f16), written as f32 (dst_kind 0), f16 (1) or bf16 (2). Indices are
+// i32 or i64 (idx_64). Grid (src_ne1, src_ne2, src_ne3), threads over the row. An index
+// outside dst writes nothing and sets *bad_index (ggml asserts).
+extern "C" __global__ void set_rows(TENSOR(src), TENSOR(idx), TENSOR_OUT(dst), int src_f16,
+                                    int dst_kind, int idx_64, int * bad_index) {
+    int i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z;
+    const char * at = ADDR(idx, i1, i2 % idx_ne1, i3 % idx_ne2, 0);
+    i64 r = idx_64 ? *(const i64 *) at : (i64) *(const int *) at;
+    if (r < 0 || r >= dst_ne1) {
+        if (threadIdx.x == 0) *bad_index = 1;
+        return;
+    }
+    for (int i0 = threadIdx.x; i0 < src_ne0; i0 += blockDim.x) {
+        const char * s = ADDR(src, i0, i1, i2, i3);
+        float x = src_f16 ? f16_at((const u8 *) s) : *(const float *) s;
+        char * d = ADDR(dst, i0, r, i2, i3);
+        if (dst_kind == 0) *(float *) d = x;
+        else if (dst_kind == 1) *(u16 *) d = f32_to_f16(x);
+        else *(u16 *) d = f32_to_bf16(x);
+    }
+}
