@@ -44,7 +44,12 @@ def _make_reg() -> Reg:
         log.log(logging.WARNING if fresh else logging.INFO, "CUDA device left out: %s: %s",
                 label, answer)
     reason = None if devices else f"no GPU can run the backend's kernels ({excluded[0].reason})"
-    return Reg("CUDA", devices, unavailable_reason=reason, excluded=excluded)
+    return Reg("CUDA", devices, unavailable_reason=reason, excluded=excluded,
+               procs={"set_numerics": _set_numerics})
+
+
+def _set_numerics(backend, numerics: str) -> None:
+    backend.set_numerics(numerics)
 
 
 def _version_hint(cupy) -> str:

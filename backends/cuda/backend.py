@@ -16,6 +16,7 @@ import numpy as np
 from polydev.buffer import as_bytes, tensor_get, tensor_set
 from polydev.device import Backend, Event
 from polydev.errors import OutOfBoundsError
+from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 from polydev.tensor import Tensor
 
 from .buffer import CUDABuffer
@@ -57,6 +58,13 @@ class CUDABackend(Backend):
         self.index_check_pending = False
         self.env = CupyEnv(self, cupy)
         self._in_flight: list[Any] = []      # host arrays of async transfers, until synchronize
+        self.numerics = DEFAULT_NUMERICS
+
+    def set_numerics(self, numerics: str) -> None:
+        """"exact": products of more than a few columns in float32 (cuBLAS' SGEMM); "fast":
+        in half precision on the tensor cores, as ggml-cuda (gemm.py). For the graphs planned
+        from now on."""
+        self.numerics = check_numerics(numerics)
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:

@@ -4,7 +4,8 @@ Weights of F16, BF16 or a block format are used as float16 (F16 viewed, the othe
 call by the backend's kernels into pool memory), the activations are rounded to float16, and
 cuBLAS multiplies on the tensor cores with float32 accumulation into a float16 product that is
 widened into the float32 result. That is ggml-cuda's cuBLAS path; its float16 product
-overflows past 65504, as ggml's does.
+overflows past 65504, as ggml's does. It is the "fast" numerics; under "exact" the shared
+array kernel multiplies the decoded weights in float32.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Callable
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from polydev.backends.array.matmul import batch_views
+from polydev.backends.array.matmul import batch_views, bind_mul_mat
 
 from .binders import ROW_TYPE_NAMES
 
@@ -26,6 +27,8 @@ def half_gemm_ok(node: Tensor) -> bool:
 
 
 def bind_half_gemm(env, node: Tensor) -> Callable[[], None]:
+    if env.backend.numerics == "exact":
+        return bind_mul_mat(env, node)
     xp = env.xp
     a_t, b_t = node.src[0], node.src[1]
     weight = env.weight_f16(a_t)
