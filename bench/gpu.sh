@@ -7,9 +7,11 @@
 #                               its model files), about 14 MiB
 #   bash bench/gpu.sh           there: install; pytest -m cuda; polydev compare -b CUDA0 (and
 #                               OpenCL0 where the driver offers one); bench/cuda_ops.py;
-#                               bench/cuda_model.py (polydev alone)
+#                               bench/cuda_model.py (polydev alone); bench/serve.py on CUDA0
 #   bash bench/gpu.sh llama     there: install; build llama.cpp's CUDA backend; then
 #                               bench/cuda_model.py with it side by side
+#   bash bench/gpu.sh threads   there: install; bench/threads.py (CPU thread scaling) against
+#                               ../shared's portable llama-cpp-python wheel
 #
 # Through the device tool: run(command="bash bench/gpu.sh", carry=[".gpu"]), and the same with
 # "bash bench/gpu.sh llama". Each part fits one call of 10 minutes: every step has a time limit
@@ -28,8 +30,12 @@ OUT=${OUT:-$PWD/gpu-out}
 DEADLINE=$((SECONDS + 570))        # a device call runs 600 s at most: end with time to spare
 # What the GPU machine's image lacks (its package list: the device tool's KINDS.md): the gguf
 # package for the model files, pyopencl for its OpenCL check, diskcache for llama-cpp-python,
-# and a setuptools new enough for polydev's pyproject.toml.
-GPU_WHEELS=(gguf diskcache "setuptools>=77" pyopencl pytools platformdirs siphash24 mako)
+# a setuptools new enough for polydev's pyproject.toml, and starlette and uvicorn for
+# polydev serve (bench/serve.py).
+GPU_WHEELS=(gguf diskcache "setuptools>=77" pyopencl pytools platformdirs siphash24 mako starlette
+    uvicorn)
+SHARED_LLAMA_WHEEL=../shared/wheels/llama_cpp_python-$LLAMA_CPP_VERSION-py3-none-linux_x86_64.whl
+LLAMA_AVX2_DIR=/tmp/llama-cpp-avx2 # the shared wheel, installed there
 
 say() { echo "gpu.sh: $*"; }
 export -f say
@@ -52,6 +58,7 @@ prepare() {
         --exclude="$name/vendor/llama.cpp/docs" --exclude="$name/vendor/llama.cpp/benches" \
         --exclude=".git" --exclude=".github" "$name" || return 1
     rm -rf "$tmp"
+    cp "$SHARED_LLAMA_WHEEL" "$GPU_DIR/" || return 1
     say "$GPU_DIR holds $(du -sh "$GPU_DIR" | cut -f1); run 'bash bench/gpu.sh' with it carried"
 }
 
@@ -125,6 +132,18 @@ check() {
     fi
     step cuda_ops 60 "python3 bench/cuda_ops.py --json >'$OUT/cuda_ops.json'"
     step cuda_model 180 "python3 bench/cuda_model.py --json --quick >'$OUT/cuda_model.json'"
+    step serve 150 "python3 bench/serve.py --json --no-cpu --no-reference --no-opencl \
+>'$OUT/serve.json'"
+    summary
+}
+
+threads() {
+    require_gpu
+    step setup 90 install_polydev || { summary; exit 1; }
+    step llama_install 60 "python3 -m pip install -q --no-index --no-deps --no-compile \
+--target '$LLAMA_AVX2_DIR' '$GPU_DIR'/llama_cpp_python-*.whl" || { summary; exit 1; }
+    step threads 400 "python3 bench/threads.py --json --quick --llama-cpp '$LLAMA_AVX2_DIR' \
+>'$OUT/threads.json'"
     summary
 }
 
@@ -158,7 +177,8 @@ summary() {
         for f in "$OUT"/compare*.jsonl; do
             [ -s "$f" ] && echo "$(basename "$f" .jsonl): $(grep '"summary"' "$f" | tail -1)"
         done
-        for f in "$OUT"/cuda_ops.json "$OUT"/cuda_model.json; do
+        for f in "$OUT"/cuda_ops.json "$OUT"/cuda_model.json "$OUT"/serve.json \
+                 "$OUT"/threads.json; do
             [ -s "$f" ] && python3 bench/figures.py "$f"
         done
     } >"$OUT/summary.txt" 2>&1
@@ -172,6 +192,7 @@ case "${1:-check}" in
     prepare) prepare ;;
     check) check ;;
     llama) llama ;;
+    threads) threads ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" ;;
-    *) say "unknown part '$1': prepare, check (the default) or llama"; exit 2 ;;
+    *) say "unknown part '$1': prepare, check (the default), llama or threads"; exit 2 ;;
 esac

@@ -3,8 +3,9 @@
 For each model (gemma-3-270m, and TinyLlama's widths in Q4_K from bench/models.py's 1B class),
 each server runs in its own process on 127.0.0.1, one after the other: polydev serve on the CPU
 (-np 16), polydev serve with half the layers on OpenCL0 (-ngl n/2, where an OpenCL device
-exists) and llama-cpp-python's own server (``python -m llama_cpp.server``, 2 threads; it
-answers one request at a time), the one a Python user would pick. Each round sends N streaming
+exists), polydev serve with every layer on CUDA0 (where a GPU exists) and llama-cpp-python's
+own server (``python -m llama_cpp.server``, as many threads; it answers one request at a time), the
+one a Python user would pick. Each round sends N streaming
 completions of 128 tokens at once (distinct prompts, temperature 0.8, its own seed) and
 measures:
 - aggregate generation t/s: completion tokens of all N / the round's wall time;
@@ -27,6 +28,8 @@ import threading
 import time
 from functools import partial
 
+from polydev.probes import physical_cores
+
 from figures import leave_bench_dir, parse_args, print_figures, real_models  # bench/
 from models import SCALE_MODELS, scale_model, with_llama_cpp  # bench/
 
@@ -38,6 +41,7 @@ READY_SECONDS = 600         # a 1B-class model on PoCL takes minutes to load
 REQUEST_SECONDS = 600
 SCALE_MODEL = "llama 1B-class Q4_K"
 N_GEN = 128                 # tokens per request, as llama-bench's tg128
+THREADS = physical_cores()  # both servers' CPU threads (polydev serve's default)
 
 
 def free_port() -> int:
@@ -64,7 +68,7 @@ def polydev_server(path: str, port: int, extra: list[str]) -> subprocess.Popen:
 def llama_cpp_server(path: str, port: int, directory: str | None) -> subprocess.Popen:
     return start_server([sys.executable, "-m", "llama_cpp.server", "--model", path, "--host",
                          "127.0.0.1", "--port", str(port), "--n_ctx", str(N_CTX),
-                         "--n_threads", "2", "--n_threads_batch", "2"],
+                         "--n_threads", str(THREADS), "--n_threads_batch", str(THREADS)],
                         with_llama_cpp(directory) if directory else None)
 
 
@@ -177,27 +181,55 @@ def opencl_layers(path: str) -> list[str] | None:
     return ["-ngl", str(n_layer // 2 + 1), "--device", "OpenCL0"]
 
 
+def has_cuda() -> bool:
+    import polydev
+
+    return any(d.name == "CUDA0" for d in polydev.devices())
+
+
+def _models(quick: bool) -> dict[str, str]:
+    """The models to serve: gemma-3-270m where its package is installed (a GPU machine may
+    lack it), and the 1B-class one unless --quick."""
+    from polydev.errors import MissingDependencyError
+
+    models = {}
+    try:
+        models["gemma-3-270m Q4_K_M"] = real_models()["gemma-3-270m Q4_K_M"]
+    except MissingDependencyError as e:
+        print(f"gemma-3-270m left out: {e}", file=sys.stderr)
+    if not quick:
+        models[SCALE_MODEL] = scale_model(SCALE_MODEL, SCALE_MODELS[SCALE_MODEL])
+    return models
+
+
+def _engines(path: str, args) -> dict:
+    engines = {}
+    if not args.no_cpu:
+        engines["polydev CPU"] = partial(polydev_server, path, extra=["--device", "none"])
+    if not args.no_reference:
+        engines["llama-cpp-python server"] = partial(llama_cpp_server, path,
+                                                     directory=args.llama_cpp)
+    layers = None if args.no_opencl else opencl_layers(path)
+    if layers:
+        engines["polydev OpenCL0+CPU"] = partial(polydev_server, path, extra=layers)
+    if has_cuda():                       # every layer there (-ngl's default)
+        engines["polydev CUDA0"] = partial(polydev_server, path, extra=["--device", "CUDA0"])
+    return engines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv, extra=_options)
     max_tokens = 16 if args.quick else N_GEN
-    models = {"gemma-3-270m Q4_K_M": real_models()["gemma-3-270m Q4_K_M"]}
-    if not args.quick:
-        models[SCALE_MODEL] = scale_model(SCALE_MODEL, SCALE_MODELS[SCALE_MODEL])
     figures = []
-    for label, path in models.items():
-        engines = {"polydev CPU": partial(polydev_server, path, extra=["--device", "none"]),
-                   "llama-cpp-python server": partial(llama_cpp_server, path,
-                                                      directory=args.llama_cpp)}
-        layers = None if args.no_opencl else opencl_layers(path)
-        if layers:
-            engines["polydev OpenCL0+CPU"] = partial(polydev_server, path, extra=layers)
+    for label, path in _models(args.quick).items():
+        engines = _engines(path, args)
         results = {}
         for engine, start in engines.items():
             port = free_port()
             results[engine] = measure(start(port), port, max_tokens)
             print(f"{label}, {engine}: {_summary(results[engine])}", file=sys.stderr)
         figures += _figures(label, results)
-    print_figures("serve", f"2 threads, CPU; {max_tokens} tokens per request", figures,
+    print_figures("serve", f"{THREADS} CPU threads; {max_tokens} tokens per request", figures,
                   args.json)
     return 0
 
@@ -221,11 +253,14 @@ def _figures(label: str, results: dict) -> list[dict]:
                         round(r["tps"], 1), "unit": "t/s", "target": None, "better": "higher",
                         "detail": f"time to first token p50 {r['p50'] * 1e3:.0f} ms, p95 "
                                   f"{r['p95'] * 1e3:.0f} ms"})
+    for engine in ("polydev CPU", "polydev CUDA0"):
+        result = results.get(engine)
+        if isinstance(result, dict):
+            out.append({"name": f"{label}: {engine}, 8 streams / 1 stream", "value":
+                        round(result[8]["tps"] / result[1]["tps"], 2), "unit": "ratio",
+                        "target": 3.0, "better": "higher"})
     ours, theirs = results.get("polydev CPU"), results.get("llama-cpp-python server")
     if isinstance(ours, dict):
-        out.append({"name": f"{label}: polydev CPU, 8 streams / 1 stream", "value":
-                    round(ours[8]["tps"] / ours[1]["tps"], 2), "unit": "ratio", "target": 3.0,
-                    "better": "higher"})
         value = (round(ours[8]["tps"] / theirs[8]["tps"], 2) if isinstance(theirs, dict)
                  else None)
         out.append({"name": f"{label}: polydev CPU / llama-cpp-python server, 8 streams",
@@ -238,6 +273,11 @@ def _options(parser) -> None:
     parser.add_argument("--llama-cpp", metavar="DIR",
                         help="run the llama-cpp-python found in DIR (e.g. a build for this "
                              "machine) instead of the installed one")
+    parser.add_argument("--no-cpu", action="store_true",
+                        help="leave out polydev serve on the CPU alone")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="leave out llama-cpp-python's server (e.g. on a GPU machine "
+                             "without it)")
     parser.add_argument("--no-opencl", action="store_true",
                         help="leave out the OpenCL0+CPU server (minutes per 1B-class model "
                              "on PoCL)")
