@@ -29,6 +29,13 @@ def parse_args(doc: str, argv: list[str] | None, extra=None) -> argparse.Namespa
     return parser.parse_args(argv)
 
 
+def add_llama_cpp_option(parser: argparse.ArgumentParser) -> None:
+    """--llama-cpp DIR: the llama-cpp-python a bench script runs as its reference."""
+    parser.add_argument("--llama-cpp", metavar="DIR",
+                        help="run the llama-cpp-python found in DIR (e.g. a build for this "
+                             "machine) instead of the installed one")
+
+
 def print_figures(bench: str, machine: str, figures: list[dict], as_json: bool) -> None:
     if as_json:
         print(json.dumps({"bench": bench, "machine": machine, "figures": figures}, indent=1))

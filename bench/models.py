@@ -35,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from figures import (leave_bench_dir, parse_args, print_figures, real_models,  # bench/
-                     run_child)
+from figures import (add_llama_cpp_option, leave_bench_dir, parse_args,  # bench/
+                     print_figures, real_models, run_child)
 
 leave_bench_dir()        # bench/gguf.py would stand for the gguf package polydev.models uses
 
@@ -381,9 +381,7 @@ def main(argv: list[str] | None = None) -> int:
 def _options(parser) -> None:
     parser.add_argument("--scale", action="store_true",
                         help="also the 1B-class random-weight models (SCALE_MODELS)")
-    parser.add_argument("--llama-cpp", metavar="DIR",
-                        help="run the llama-cpp-python found in DIR (e.g. a build for this "
-                             "machine) instead of the installed one")
+    add_llama_cpp_option(parser)
     parser.add_argument("--only", metavar="TEXT",
                         help="only the models whose label contains TEXT (e.g. Q4_K)")
     parser.add_argument("--cpu-kernels", metavar="LEVEL",

@@ -30,7 +30,8 @@ from functools import partial
 
 from polydev.probes import physical_cores
 
-from figures import leave_bench_dir, parse_args, print_figures, real_models  # bench/
+from figures import (add_llama_cpp_option, leave_bench_dir, parse_args,  # bench/
+                     print_figures, real_models)
 from models import SCALE_MODELS, scale_model, with_llama_cpp  # bench/
 
 leave_bench_dir()
@@ -270,9 +271,7 @@ def _figures(label: str, results: dict) -> list[dict]:
 
 
 def _options(parser) -> None:
-    parser.add_argument("--llama-cpp", metavar="DIR",
-                        help="run the llama-cpp-python found in DIR (e.g. a build for this "
-                             "machine) instead of the installed one")
+    add_llama_cpp_option(parser)
     parser.add_argument("--no-cpu", action="store_true",
                         help="leave out polydev serve on the CPU alone")
     parser.add_argument("--no-reference", action="store_true",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from figures import parse_args, print_figures, run_child  # bench/figures.py
+from figures import add_llama_cpp_option, parse_args, print_figures, run_child  # bench/figures.py
 from models import (N_CTX, SCALE_MODELS, RandomTokens, llama_cpp_rates, polydev_rates,
                     scale_model, with_llama_cpp)
 
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _options(parser) -> None:
-    parser.add_argument("--llama-cpp", metavar="DIR",
-                        help="run the llama-cpp-python found in DIR (e.g. a build for this "
-                             "machine) instead of the installed one")
+    add_llama_cpp_option(parser)
     parser.add_argument("--no-llama-cpp", action="store_true",
                         help="polydev alone")
 
