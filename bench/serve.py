@@ -126,14 +126,17 @@ def stream_one(port: int, prompt: str, max_tokens: int, seed: int) -> tuple[floa
             usage if usage is not None else chunks)
 
 
-def one_round(port: int, n: int, max_tokens: int) -> dict:
-    """N streams at once: aggregate t/s and time-to-first-token percentiles."""
+def one_round(port: int, n: int, max_tokens: int, name: str | None = None) -> dict:
+    """N streams at once: aggregate t/s and time-to-first-token percentiles. Each round's
+    prompts are its own (``name``, by default the stream count, starts them), so no round
+    finds another's prompt in a slot's cache."""
     results: list = [None] * n
+    name = name or f"Round {n}"
 
     def client(i: int) -> None:
         try:
-            results[i] = stream_one(port, f"Request {i}: tell me a long story about the "
-                                          f"number {i * 7 + 3} and a river.", max_tokens, i)
+            results[i] = stream_one(port, f"{name}, request {i}: tell me a long story about "
+                                          f"the number {i * 7 + 3} and a river.", max_tokens, i)
         except Exception as e:             # reported in the figure, not raised in a thread
             results[i] = e
     threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
@@ -157,7 +160,7 @@ def measure(proc: subprocess.Popen, port: int, max_tokens: int) -> dict | str:
         why = wait_ready(proc, port)
         if why is not None:
             return why
-        stream_one(port, "warm up", 4, 0)
+        one_round(port, 1, 16, name="Warm-up")   # a prompt like the rounds': its graphs built
         return {n: one_round(port, n, max_tokens) for n in STREAMS}
     except Exception as e:
         return str(e)
