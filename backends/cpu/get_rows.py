@@ -15,6 +15,7 @@ from polydev.backends.array.movement import check_indices
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
+from .buffer import CPUBuffer
 from .native import kernels
 
 
@@ -37,9 +38,12 @@ def bind_native_get_rows(env, node: Tensor) -> Callable[[], None]:
     w, n_rows, k = env.rows(a).ctypes.data, a.ne[1], a.ne[0]
     get_rows = lib.get_rows_f32
     type_id, w_stride, d_stride = int(a.type), a.nb[1], d.strides[0] // 4
+    file_pages = a.buffer if isinstance(a.buffer, CPUBuffer) else None
 
     def run() -> None:
         if get_rows(type_id, w, w_stride, n_rows, idx.ctypes.data, idx.size, k, d.ctypes.data,
                     d_stride) >= 0:
             check_indices(np, idx, n_rows, "get_rows")     # raises, with the range
+        if file_pages is not None:      # a tied embedding: its copy, not its file, stays
+            file_pages.rows_read(a.offset, a.nbytes, idx.size)
     return run

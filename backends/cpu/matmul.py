@@ -40,6 +40,8 @@ from .native import kernels, pack
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
 BLOCK_PRODUCT_ROWS = 32
 TILE_BYTES = 1 << 20     # float32 bytes of one decoded tile (4 MiB ran pp512 no faster)
+INTERLEAVE_GROUP = 16    # rows interleaved together (native/interleaved.c's ROWS16)
+INTERLEAVE_CHUNK_BYTES = 16 << 20   # a weight's bytes interleaved between two page drops
 
 
 def native_mul_mat_ok(node: Tensor) -> bool:
@@ -87,13 +89,23 @@ def interleaved_copy(env, w: Tensor) -> Callable[[], np.ndarray] | None:
     if not size or size > cache.budget:       # a copy the cache cannot keep: made every call
         return None
     rows, n_threads = env.rows(w), env.n_threads
+    # a model file's pages: the copy replaces them, dropped a chunk at a time as it is made,
+    # so that the file's pages and the copy are never resident whole at once (gemma-3's
+    # 170 MiB embedding would otherwise add its size to the peak)
+    file_pages = w.buffer if isinstance(w.buffer, CPUBuffer) else None
+    chunk = max(INTERLEAVE_GROUP, INTERLEAVE_CHUNK_BYTES // w.nb[1] // INTERLEAVE_GROUP
+                * INTERLEAVE_GROUP)
 
     def interleave() -> np.ndarray:
         out = np.empty(size, dtype=np.uint8)
-        lib.interleave(type_id, rows.ctypes.data, w.nb[1], rows_in_all, k, out.ctypes.data,
-                       n_threads)
-        if isinstance(w.buffer, CPUBuffer):       # a model file's pages: the copy replaces them
-            w.buffer.drop_pages(w.offset, w.nbytes)
+        for r0 in range(0, rows_in_all, chunk):
+            n = min(chunk, rows_in_all - r0)
+            lib.interleave(type_id, rows.ctypes.data + r0 * w.nb[1], w.nb[1], n, k,
+                           out.ctypes.data + lib.interleaved_bytes(type_id, r0, k), n_threads)
+            if file_pages is not None:
+                file_pages.drop_pages(w.offset + r0 * w.nb[1], n * w.nb[1])
+        if file_pages is not None:                # and the pages the chunks' edges shared
+            file_pages.replaced_by_copy(w.offset, w.nbytes)
         return out
     return lambda: cache.get(w, interleave, "interleaved")
 
