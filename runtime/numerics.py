@@ -9,8 +9,10 @@
   group's largest value, against 4e-3 for llama.cpp's 8-bit activations.
 
 The CUDA backend's "fast" multiplies batches of more than one column in half precision on the
-tensor cores (ggml-cuda's cuBLAS path) and its "exact" in float32: on a 1B-class random-weight
-model its logits were within 0.00092 of the largest of the CPU backend's exact ones (H100).
+tensor cores (ggml-cuda's cuBLAS path) and its "exact" in float32. On a 1B-class random-weight
+model (H100, 64 prompt positions and 4 decode steps) the logits' largest difference from the
+CPU backend's exact ones was 0.00092 of the largest logit under "exact", the same argmax at
+every row, and 0.023 under "fast", the same argmax at 98.5% of rows.
 A backend without such kernels computes ``"fast"`` exactly. The default is ``"fast"``: it gives
 up nothing a user can see. ``python bench/accuracy.py``, 256 tokens of the GPL-3 text one at a
 time, mean KL divergence from a float64 evaluation of the same weights:
