@@ -267,7 +267,7 @@ def test_dropping_pages_leaves_memory_that_is_not_a_read_only_file_alone(cpu, tm
             assert np.all(buf.host_array == value)
 
 
-def _resident_bytes(address: int) -> int:
+def _mapping_resident_bytes(address: int) -> int:
     """Rss of the mapping that starts at ``address`` (/proc/self/smaps)."""
     current = None
     with open("/proc/self/smaps") as f:
@@ -295,12 +295,12 @@ def test_a_replaced_weight_leaves_memory_again_after_enough_rows_are_read(cpu, t
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     with cpu.device.buffer_from_host_ptr(mapping) as buf:
         address = buf.host_array.ctypes.data
-        assert buf.host_array.sum() == data.sum() and _resident_bytes(address) == size
+        assert buf.host_array.sum() == data.sum() and _mapping_resident_bytes(address) == size
         buf.replaced_by_copy(0, size)
-        assert _resident_bytes(address) == 0
+        assert _mapping_resident_bytes(address) == 0
         assert buf.host_array.sum() == data.sum()            # read back: resident again
         buf.rows_read(0, size, REDROP_ROWS - 1)
         buf.rows_read(0, mmap.PAGESIZE, REDROP_ROWS)        # a range no copy replaced
-        assert _resident_bytes(address) == size
+        assert _mapping_resident_bytes(address) == size
         buf.rows_read(0, size, 1)
-        assert _resident_bytes(address) == 0
+        assert _mapping_resident_bytes(address) == 0
