@@ -4,9 +4,9 @@ For each model (gemma-3-270m, and TinyLlama's widths in Q4_K from bench/models.p
 each server runs in its own process on 127.0.0.1, one after the other: polydev serve on the CPU
 (-np 16), polydev serve with half the layers on OpenCL0 (-ngl n/2, where an OpenCL device
 exists), polydev serve with every layer on CUDA0 (where a GPU exists) and llama-cpp-python's
-own server (``python -m llama_cpp.server``, as many threads; it answers one request at a time), the
-one a Python user would pick. Each round sends N streaming
-completions of 128 tokens at once (distinct prompts, temperature 0.8, its own seed) and
+own server (``python -m llama_cpp.server``, as many threads; it answers one request at a time),
+the one a Python user would pick. After a warm-up round, each round sends N streaming
+completions of 128 tokens at once (prompts of its own, temperature 0.8, its own seed) and
 measures:
 - aggregate generation t/s: completion tokens of all N / the round's wall time;
 - time to first token, p50 and p95 over the N requests.

@@ -52,7 +52,8 @@ class CUDABackend(Backend):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.copy_event = cupy.cuda.Event(disable_timing=True)
             with self.stream:      # zeroed on this stream: ordered before every kernel of it
-                # set by GET_ROWS and MUL_MAT_ID kernels that meet an index out of range
+                # set by GET_ROWS, SET_ROWS and MUL_MAT_ID kernels that meet an index out
+                # of range
                 self._bad_index = cupy.zeros(1, dtype=np.int32)
         self.bad_index = np.uint64(self._bad_index.data.ptr)
         self.index_check_pending = False
@@ -169,8 +170,9 @@ class CUDABackend(Backend):
                 self.stream.synchronize()
         if flag:
             raise OutOfBoundsError(
-                f"{self.name}: a GET_ROWS or MUL_MAT_ID index was outside its tensor; the "
-                f"rows it named hold NaN")
+                f"{self.name}: a GET_ROWS or MUL_MAT_ID index (or a SET_ROWS one) was outside "
+                f"its tensor; the rows a GET_ROWS or MUL_MAT_ID named hold NaN, a SET_ROWS "
+                f"wrote nothing there")
 
     # --- events ---------------------------------------------------------------------------------
 
