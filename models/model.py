@@ -42,7 +42,7 @@ def load(path: str | os.PathLike | None = None, *, devices=None, n_gpu_layers: i
          numerics: str = DEFAULT_NUMERICS) -> "Model":
     """Load a GGUF model (default: the embedded gemma-3-270m) with its layers placed as
     llama.cpp's knobs (or accelerate's ``device_map``/``max_memory``) say. ``numerics``:
-    "fast" (the default) or "exact", how the CPU computes (see ``polydev.numerics``)."""
+    "fast" (the default), "int8" or "exact", how the CPU computes (see ``polydev.numerics``)."""
     check_numerics(numerics)
     path = default_model_path() if path is None else path
     file = GGUFFile(path)

@@ -7,21 +7,29 @@
   integers where its kernels multiply those faster. The CPU backend quantizes them to int16
   per 32 values (``backends/cpu/native/int_dot.c``): a relative error of at most 1.5e-5 of a
   group's largest value, against 4e-3 for llama.cpp's 8-bit activations.
+- ``"int8"``: llama.cpp's arithmetic: the CPU backend quantizes activations to int8 per 32
+  values (``backends/cpu/native/interleaved_int8.c``, AVX-512 VNNI), which multiplies prompts
+  and batches of sequences up to 1.6x faster than int16 (compute-bound); a single row reads
+  its weights at the speed of memory either way. Where the build has no such kernels it
+  computes as "fast".
 
 The CUDA backend's "fast" multiplies batches of more than one column in half precision on the
-tensor cores (ggml-cuda's cuBLAS path) and its "exact" in float32. On a 1B-class random-weight
-model (H100, 64 prompt positions and 4 decode steps) the logits' largest difference from the
-CPU backend's exact ones was 0.00092 of the largest logit under "exact", the same argmax at
-every row, and 0.023 under "fast", the same argmax at 98.5% of rows.
+tensor cores (ggml-cuda's cuBLAS path) and its "exact" in float32 ("int8" is its "fast"). On a
+1B-class random-weight model (H100, 64 prompt positions and 4 decode steps) the logits' largest
+difference from the CPU backend's exact ones was 0.00092 of the largest logit under "exact",
+the same argmax at every row, and 0.023 under "fast", the same argmax at 98.5% of rows.
 A backend without such kernels computes ``"fast"`` exactly. The default is ``"fast"``: it gives
-up nothing a user can see. ``python bench/accuracy.py``, 256 tokens of the GPL-3 text one at a
-time, mean KL divergence from a float64 evaluation of the same weights:
+up nothing a user can see, where "int8" gives up as much as llama.cpp does. ``python
+bench/accuracy.py``, 256 tokens of the GPL-3 text one at a time, mean KL divergence from a
+float64 evaluation of the same weights (top token differing from float64's):
 
-    model                  exact     fast (default)   llama.cpp
-    SmolLM2-135M Q4_1      1.1e-6    2.0e-6           4.7e-3
-    gemma-3-270m Q4_K_M    7.8e-7    9.5e-7           6.6e-3
+    model                  exact          fast (default)   int8             llama.cpp
+    SmolLM2-135M Q4_1      1.2e-6 (0%)    1.5e-6 (0%)      4.8e-3 (2.7%)    4.7e-3 (3.5%)
+    gemma-3-270m Q4_K_M    7.8e-7 (0%)    1.3e-6 (0%)      3.4e-3 (1.2%)    6.6e-3 (3.1%)
 
-with the top token the same as float64's at every position (llama.cpp: 3-4% differ).
+"int8" buys prompt speed (1B-class models on 2 Zen 4 cores, ``bench/models.py --scale
+--numerics int8``: pp512 1.3-1.5x "fast"'s) for the accuracy llama.cpp has; the default keeps
+polydev's logits those of float64.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from .errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_NUMERICS", "NUMERICS", "check_numerics"]
 
-NUMERICS = ("exact", "fast")
+NUMERICS = ("exact", "fast", "int8")
 DEFAULT_NUMERICS = "fast"
 
 

@@ -35,7 +35,7 @@ class CPUBackend(Backend):
         return self.env.numerics
 
     def set_numerics(self, numerics: str) -> None:
-        """"exact" or "fast" (polydev.numerics), for the graphs planned from now on: a plan
+        """"exact", "fast" or "int8" (polydev.numerics), for the graphs planned from now on: a plan
         already made keeps the kernels it bound."""
         self.env.numerics = check_numerics(numerics)
 

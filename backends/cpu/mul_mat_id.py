@@ -20,7 +20,7 @@ from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .matmul import bind_product, interleaved_copy
+from .matmul import activation_bits, bind_product, interleaved_copy
 from .native import kernels, pack
 
 
@@ -73,7 +73,8 @@ def _bind_interleaved(env, copy, as_t: Tensor, b: np.ndarray, ids: np.ndarray, d
     n_expert, m, k = as_t.ne[2], as_t.ne[1], as_t.ne[0]
     n_tokens, n_b, _ = b.shape
     args = pack(int(as_t.type), 0, n_expert, m, k, b.ctypes.data, n_b, ids.ctypes.data,
-                ids.strides[0] // 4, n_tokens, ids.shape[1], d.ctypes.data, env.n_threads)
+                ids.strides[0] // 4, n_tokens, ids.shape[1], d.ctypes.data, env.n_threads,
+                activation_bits(env))
     mul_mat_id, where = lib.mul_mat_id_interleaved_packed, args.ctypes.data
 
     def run() -> None:

@@ -62,9 +62,9 @@ class CUDABackend(Backend):
         self.numerics = DEFAULT_NUMERICS
 
     def set_numerics(self, numerics: str) -> None:
-        """"exact": products of more than a few columns in float32 (cuBLAS' SGEMM); "fast":
-        in half precision on the tensor cores, as ggml-cuda (gemm.py). For the graphs planned
-        from now on."""
+        """"exact": products of more than a few columns in float32 (cuBLAS' SGEMM); "fast"
+        (and "int8"): in half precision on the tensor cores, as ggml-cuda (gemm.py). For the
+        graphs planned from now on."""
         self.numerics = check_numerics(numerics)
 
     @contextlib.contextmanager

@@ -111,6 +111,8 @@ class NativeKernels:
         self._int16_types = {t for t in range(64) if int16_product_of(t)}
         int16_gemm_of = _entry(library.pd_int16_gemm_of, [_int], _int)
         self._int16_gemm_types = {t for t in range(64) if int16_gemm_of(t)}
+        # whether numerics="int8" has kernels here (AVX-512 VNNI), else it runs the int16 ones
+        self.has_int8_products = bool(_entry(library.pd_has_int8_products, [], _int)())
         block_size = _entry(library.pd_block_size, [_int], _int)
         self._block_sizes = {t: block_size(t) for t in range(64)}
 

@@ -1,75 +1,8 @@
-/* Weights with 16 rows interleaved, for the int16 products of a few activation rows (decode).
- *
- * In a weight's own layout each row's blocks are contiguous, so a mat-vec multiplies one row
- * at a time: its int16 sums spread over vector lanes that must be added across, and every
- * 32-value group pays for its own sub-block scale (a multiply per weight) and its block's
- * float epilogue. Here rows 16 G .. 16 G + 15 are interleaved value pair by value pair: one
- * 32-byte chunk holds two consecutive values of each of the 16 rows, so a vpdpwssd of the
- * chunk (widened to int16) with the activation pair broadcast adds one product pair to each
- * row's own int32 lane. A row's sub-block scale then applies to its lane once per 32 values,
- * the block's scales to 16 rows at once, and the 16 results are stored without a horizontal
- * sum: about 2.5 vector operations per 32 weights where the row-by-row kernels need 7, which
- * turns a decode step's products from compute-bound into memory-bound.
- *
- * The layout, per group of 16 rows and per block (bytes; r the row in the group, i 0 or 1):
- *   Q4_K  d[16] dmin[16] (fp16), scale[8][16] min[8][16] (the 6-bit values as bytes), then
- *         per sub-block g and chunk j (0-7) 32 bytes: byte 2 r + i = value 32 g + 2 j + i in
- *         the low nibble, value 32 g + 16 + 2 j + i in the high one             2368 (2304)
- *   Q5_K  as Q4_K, each sub-block's 256 bytes followed by two 32-bit masks per chunk: bit
- *         2 r + i of the first is the fifth bit of the low nibble's value, of the second the
- *         high one's (the masks beside their nibbles: at the block's end, a decode step read
- *         memory at half the speed)                                                2880 (2816)
- *   Q6_K  d[16], scale[16][16] (int8), then per sub-block g of 32 values 256 bytes of
- *         nibbles as Q4_K's (the values' low 4 bits) and 4 of 32 bytes of high bits: byte
- *         2 r + i of vector c holds the top 2 bits of chunk c's two values in bits 0-3 and of
- *         chunk c + 4's in bits 4-7                                               3360 (3360)
- *   Q4_0  d[16], then per chunk j (0-7): byte 2 r + i = values 2 j + i (low nibble) and
- *         16 + 2 j + i (high)                                                      288 (288)
- *   Q4_1  d[16] m[16], then Q4_0's chunks                                         320 (320)
- *   Q5_0  d[16], Q4_0's chunks, then two 32-bit masks per chunk as Q5_K's         352 (352)
- *   Q5_1  d[16] m[16], then Q5_0's chunks and masks                               384 (384)
- *   Q8_0  d[16], then per chunk j (0-15): byte 2 r + i = value 2 j + i             544 (544)
- * (in brackets: the 16 rows' bytes in their own layout). Built wherever the int16 kernels are
- * (AVX2 and FMA): the 16 rows' int32 lanes are one register with AVX-512 BW and VNNI, two
- * halves of 8 with AVX2 (rows16.h), where one pair of chunk bytes costs a vpmaddwd and an add
- * per activation row (a vpdpwssd with AVX-VNNI) instead of half a vpdpwssd. Activations are
- * those of int_dot.c (int16 with one scale per block), so the results equal its results up to
- * float32 rounding.
- */
-#include "rows16.h"
+/* The interleaved layout (interleaved.h): made from a weight's own blocks, and multiplied by a
+ * few or many activation rows quantized to int16 (int_dot.c's activations). */
+#include "interleaved.h"
 
-#if defined(ROWS16_KERNELS)
-#define INTERLEAVED_KERNELS 1
-
-#define ROWS16 16
-
-/* bytes of one group's block, and the header before its values */
-#define Q4_K_X16 2368
-#define Q5_K_X16 2880
-#define Q6_K_X16 3360
-#define Q4_0_X16 288
-#define Q4_1_X16 320
-#define Q5_0_X16 352
-#define Q5_1_X16 384
-#define Q8_0_X16 544
-#define K4_HEADER 320
-
-/* bytes of one sub-block's values (Q5_K: its nibbles, then its masks) */
-static inline int k4_group_bytes(int type) { return type == T_Q5_K ? 320 : 256; }
-
-static int64_t group_block_bytes(int type) {
-    switch (type) {
-    case T_Q4_K: return Q4_K_X16;
-    case T_Q5_K: return Q5_K_X16;
-    case T_Q6_K: return Q6_K_X16;
-    case T_Q4_0: return Q4_0_X16;
-    case T_Q4_1: return Q4_1_X16;
-    case T_Q5_0: return Q5_0_X16;
-    case T_Q5_1: return Q5_1_X16;
-    case T_Q8_0: return Q8_0_X16;
-    default: return 0;
-    }
-}
+#if defined(INTERLEAVED_KERNELS)
 
 /* --- interleaving ------------------------------------------------------------------------- */
 
@@ -147,12 +80,6 @@ static void interleave_q6_k(const uint8_t *src[ROWS16], uint8_t *o) {
         }
     }
 }
-
-/* the 32-value types: whether a block has a minimum m, fifth bits, and its values' offset */
-static inline int has_min_32(int type) { return type == T_Q4_1 || type == T_Q5_1; }
-static inline int has_fifth_32(int type) { return type == T_Q5_0 || type == T_Q5_1; }
-static inline int header_32(int type) { return has_min_32(type) ? 64 : 32; }
-
 
 static void interleave_32(int type, const uint8_t *src[ROWS16], uint8_t *o) {
     const int header = header_32(type);
@@ -260,20 +187,6 @@ static inline __attribute__((always_inline)) void b32_chunk(int type, const uint
         *lo = r16_sub(*lo, offset);
         *hi = r16_sub(*hi, offset);
     }
-}
-
-/* Ask for a block's bytes PREFETCH_BYTES ahead of where the kernel reads. Every product
- * streams its weight once, and with more than one activation row a block takes long enough to
- * multiply that the hardware prefetchers fall behind: a 52 MB Q4_K weight times 8 rows ran at
- * 172 GMAC/s against 330 for one that fits the caches; with this, 340 (2 threads, Zen 4), and
- * one row reads 20% faster. 8 KiB ahead was best of 2 to 16 (Q8_0 needs the most). */
-#ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 8192
-#endif
-static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p,
-                                                                 int64_t bytes) {
-    for (int64_t c = 0; PREFETCH_BYTES > 0 && c < bytes; c += 64)     /* 0: none */
-        __builtin_prefetch(p + PREFETCH_BYTES + c, 0, 3);
 }
 
 /* n group blocks from p (one span) unpacked into w16 */
@@ -543,25 +456,81 @@ int pd_interleave(int type, const uint8_t *w, int64_t w_stride, int64_t M, int64
 #endif
 }
 
+#ifdef INTERLEAVED_KERNELS
+/* The activation rows of a product, quantized to int16 (int_dot.c's activations) or to int8
+ * (interleaved_int8.c's: bits 8, where the build has those kernels). */
+typedef struct {
+    int bits;
+    int16_rows a16;
+    int8_rows a8;
+} act_any;
+
+/* n_rows rows of K values from x quantized for the kernels of `type`; 0 when there was no
+ * memory (then nothing is held) */
+static int act_quantize(act_any *a, int type, int bits, const float *x, int64_t x_stride,
+                        int64_t K, int64_t n_rows, int n_threads) {
+    memset(a, 0, sizeof(*a));
+    a->bits = bits;
+#ifdef INT8_KERNELS
+    if (bits == 8) {
+        a->a8 = int8_rows_new(K, n_rows);
+        if (!a->a8.q) return 0;
+        pd_quantize_rows_int8(x, x_stride, &a->a8, n_threads);
+        return 1;
+    }
+#endif
+    a->bits = 16;
+    a->a16 = int16_rows_new(K, n_rows, block_values(type));
+    if (!a->a16.q) return 0;
+    pd_quantize_rows_int16(x, x_stride, &a->a16, n_threads);
+    return 1;
+}
+
+static void act_free(act_any *a) {
+    if (a->a16.q) int16_rows_free(&a->a16);
+#ifdef INT8_KERNELS
+    if (a->a8.q) int8_rows_free(&a->a8);
+#endif
+}
+
+/* group G's results for rows [first, first + n) of a, stored from y (rows M apart) */
+static inline void group_rows(int type, const uint8_t *p, int64_t G, const act_any *a,
+                              int64_t first, int64_t n, float *y, int64_t y_stride) {
+#ifdef INT8_KERNELS
+    if (a->bits == 8) {
+        const int8_rows *f = &a->a8;
+        const int8_rows rows = {f->q + first * f->K, f->e + first * (f->K / QK),
+                                f->sums + first * (f->K / QK), f->isums + first * (f->K / 16),
+                                f->K, n};
+        group_kernel8_of(type)(p, G, &rows, y, y_stride);
+        return;
+    }
+#endif
+    const int16_rows *f = &a->a16;
+    const int16_rows rows = {f->q + first * f->K, f->e + first * (f->K / f->group),
+                             f->sums + first * (f->K / QK), f->K, n, f->group};
+    group_kernel_of(type)(p, G, &rows, y, y_stride);
+}
+#endif
+
 /* y[r, i] = sum_k W[i, k] x[r, k] with W interleaved (pd_interleave) and x quantized to int16
- * as pd_mul_mat_int16 does. Returns 0, 1 where the type has no interleaved kernel, or 2 when
- * the scratch memory could not be had (nothing written either way). */
+ * as pd_mul_mat_int16 does, or to int8 (`bits` 8, where the build has those kernels). Returns
+ * 0, 1 where the type has no interleaved kernel, or 2 when the scratch memory could not be had
+ * (nothing written either way). */
 int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, const float *x,
                            int64_t x_stride, int64_t n_rows, float *y, int64_t y_stride,
-                           int n_threads) {
+                           int n_threads, int bits) {
 #ifdef INTERLEAVED_KERNELS
-    group_kernel kernel = group_kernel_of(type);
-    if (!kernel || !pd_interleaved_bytes(type, M, K)) return 1;
-    int16_rows a = int16_rows_new(K, n_rows, block_values(type));
-    if (!a.q) return 2;
-    pd_quantize_rows_int16(x, x_stride, &a, n_threads);
+    if (!group_kernel_of(type) || !pd_interleaved_bytes(type, M, K)) return 1;
+    act_any a;
+    if (!act_quantize(&a, type, bits, x, x_stride, K, n_rows, n_threads)) return 2;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
-    for (int64_t G = 0; G < M / ROWS16; G++) kernel(p, G, &a, y, y_stride);
-    int16_rows_free(&a);
+    for (int64_t G = 0; G < M / ROWS16; G++) group_rows(type, p, G, &a, 0, n_rows, y, y_stride);
+    act_free(&a);
     return 0;
 #else
     (void)type, (void)p, (void)M, (void)K, (void)x, (void)x_stride, (void)n_rows, (void)y;
-    (void)y_stride, (void)n_threads;
+    (void)y_stride, (void)n_threads, (void)bits;
     return 1;
 #endif
 }
@@ -576,11 +545,10 @@ int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, con
 int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int64_t M,
                               int64_t K, const float *b, int64_t n_b, const int32_t *ids,
                               int64_t ids_stride, int64_t n_tokens, int64_t n_used, float *d,
-                              int n_threads) {
+                              int n_threads, int bits) {
 #ifdef INTERLEAVED_KERNELS
-    group_kernel kernel = group_kernel_of(type);
     const int64_t expert_bytes = pd_interleaved_bytes(type, M, K), pairs = n_tokens * n_used;
-    if (!kernel || !expert_bytes) return 1;
+    if (!group_kernel_of(type) || !expert_bytes) return 1;
     for (int64_t t = 0; t < n_tokens; t++)
         for (int64_t u = 0; u < n_used; u++)
             if (ids[t * ids_stride + u] < 0 || ids[t * ids_stride + u] >= n_expert) return 3;
@@ -588,9 +556,8 @@ int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int6
     int64_t *start = calloc((size_t)n_expert + 1, sizeof(int64_t));
     int64_t *order = malloc(sizeof(int64_t) * pairs), *active = malloc(sizeof(int64_t) * n_expert);
     float *x = malloc(sizeof(float) * pairs * K), *y = malloc(sizeof(float) * pairs * M);
-    int16_rows a = int16_rows_new(K, pairs, block_values(type));
     int status = 2;
-    if (start && order && active && x && y && a.q) {
+    if (start && order && active && x && y) {
         for (int64_t i = 0; i < pairs; i++)
             start[ids[(i / n_used) * ids_stride + i % n_used] + 1]++;
         int64_t n_active = 0;
@@ -607,24 +574,25 @@ int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int6
                 memcpy(x + at * K, b + (t * n_b + u % n_b) * K, sizeof(float) * K);
             }
             free(next);
-            pd_quantize_rows_int16(x, K, &a, n_threads);
-            const int64_t groups = M / ROWS16;
-            /* static: each thread streams one run of the weights (handed out one group at a
-             * time, a decode step ran 20% slower), though the experts' row counts differ */
+            act_any a;
+            if (act_quantize(&a, type, bits, x, K, K, pairs, n_threads)) {
+                const int64_t groups = M / ROWS16;
+                /* static: each thread streams one run of the weights (handed out one group at
+                 * a time, a decode step ran 20% slower), though the experts' row counts
+                 * differ */
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
-            for (int64_t w = 0; w < n_active * groups; w++) {
-                const int64_t e = active[w / groups], first = start[e];
-                const int16_rows rows = {a.q + first * K, a.e + first * (K / a.group),
-                                         a.sums + first * (K / QK), K, start[e + 1] - first,
-                                         a.group};
-                kernel(p + e * expert_bytes, w % groups, &rows, y + first * M, M);
+                for (int64_t w = 0; w < n_active * groups; w++) {
+                    const int64_t e = active[w / groups], first = start[e];
+                    group_rows(type, p + e * expert_bytes, w % groups, &a, first,
+                               start[e + 1] - first, y + first * M, M);
+                }
+                act_free(&a);
+                for (int64_t at = 0; at < pairs; at++)
+                    memcpy(d + order[at] * M, y + at * M, sizeof(float) * M);
+                status = 0;
             }
-            for (int64_t at = 0; at < pairs; at++)
-                memcpy(d + order[at] * M, y + at * M, sizeof(float) * M);
-            status = 0;
         }
     }
-    int16_rows_free(&a);
     free(start);
     free(order);
     free(active);
@@ -633,7 +601,7 @@ int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int6
     return status;
 #else
     (void)type, (void)p, (void)n_expert, (void)M, (void)K, (void)b, (void)n_b, (void)ids;
-    (void)ids_stride, (void)n_tokens, (void)n_used, (void)d, (void)n_threads;
+    (void)ids_stride, (void)n_tokens, (void)n_used, (void)d, (void)n_threads, (void)bits;
     return 1;
 #endif
 }
@@ -642,10 +610,11 @@ int pd_mul_mat_id_interleaved_packed(const int64_t *a) {
     return pd_mul_mat_id_interleaved((int)a[0], P_PTR(1), a[2], a[3], a[4],
                                      (const float *)(intptr_t)a[5], a[6],
                                      (const int32_t *)(intptr_t)a[7], a[8], a[9], a[10],
-                                     (float *)(intptr_t)a[11], (int)a[12]);
+                                     (float *)(intptr_t)a[11], (int)a[12], (int)a[13]);
 }
 
 int pd_mul_mat_interleaved_packed(const int64_t *a) {
     return pd_mul_mat_interleaved((int)a[0], P_PTR(1), a[2], a[3], (const float *)(intptr_t)a[4],
-                                  a[5], a[6], (float *)(intptr_t)a[7], a[8], (int)a[9]);
+                                  a[5], a[6], (float *)(intptr_t)a[7], a[8], (int)a[9],
+                                  (int)a[10]);
 }
