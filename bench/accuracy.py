@@ -4,8 +4,8 @@ For SmolLM2-135M (Q4_1) and gemma-3-270m (Q4_K_M): the first N_TOKENS tokens of 
 text (the GNU GPL version 3, /usr/share/common-licenses/GPL-3 on Debian, else the text of this
 machine's Python license), evaluated by
 - tests/reference_models.py: plain float64 numpy from the GGUF's decoded weights (the truth);
-- polydev with ``numerics="exact"`` and ``numerics="fast"`` (the default), CPU backend, one
-  token at a time (decode steps: the products ``numerics`` changes);
+- polydev with ``numerics="exact"``, ``"fast"`` (the default) and ``"int8"``, CPU backend, one
+  token at a time (decode steps; a row's products give the same bits in a prompt's batch);
 - llama.cpp (llama-cpp-python, its CPU backend), where it is installed.
 For each engine: the mean KL divergence KL(float64 || engine) over the positions (target: at
 most llama.cpp's for polydev's default), the share of positions whose top token differs from
@@ -58,9 +58,7 @@ def compare(truth: np.ndarray, logits: np.ndarray, tokens: list[int]) -> dict:
 
 
 def polydev_logits(path: str, tokens: list[int], numerics: str) -> np.ndarray:
-    """Every position's logits, the tokens evaluated one at a time as in generation: a
-    prompt's many rows multiply through BLAS in float32 whatever ``numerics`` says, a decode
-    step's few rows through the integer products under "fast"."""
+    """Every position's logits, the tokens evaluated one at a time as in generation."""
     from polydev.models import load
 
     with load(path, devices=[], n_ctx=N_TOKENS + 16, numerics=numerics, progress=False) as m:
@@ -102,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         truth = reference_models.forward(gguf.GGUFReader(path), tokens)
         engines = {"polydev exact": polydev_logits(path, tokens, "exact"),
                    "polydev fast (default)": polydev_logits(path, tokens, "fast"),
+                   "polydev int8": polydev_logits(path, tokens, "int8"),
                    "llama.cpp": llama_cpp_logits(path, tokens)}
         for engine, logits in engines.items():
             name = f"{label}: {engine}, mean KL from float64"

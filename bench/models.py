@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from polydev.numerics import NUMERICS
+
 from figures import (add_llama_cpp_option, leave_bench_dir, parse_args,  # bench/
                      print_figures, real_models, run_child)
 
@@ -148,12 +150,14 @@ def polydev_rates(model, rng, reps: int) -> tuple[list[float], list[float]]:
     return pp, tg
 
 
-def polydev_child(path: str, reps: int) -> dict:
+def polydev_child(path: str, reps: int, numerics: str | None = None) -> dict:
     from polydev.models import load
+    from polydev.numerics import DEFAULT_NUMERICS
 
     rng = RandomTokens(0)
     start_rss = _rss_now()                      # the interpreter, numpy, polydev, tokenizers
-    with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False) as model:
+    with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False,
+              numerics=numerics or DEFAULT_NUMERICS) as model:
         loaded_rss = _rss_now()
         pp, tg = polydev_rates(model, rng, reps)
         model.reset()
@@ -291,9 +295,10 @@ def llama_cpp_child(path: str, reps: int) -> dict:
 
 
 def _child(engine: str, path: str, reps: int, llama_cpp_dir: str | None = None,
-           cpu_kernels: str | None = None) -> dict | str:
+           cpu_kernels: str | None = None, numerics: str | None = None) -> dict | str:
     """Run one engine on one model in a fresh process; its result, or why it failed.
-    ``cpu_kernels`` names the level of polydev's CPU kernels (POLYDEV_CPU_KERNELS)."""
+    ``cpu_kernels`` names the level of polydev's CPU kernels (POLYDEV_CPU_KERNELS),
+    ``numerics`` polydev's numerics (default: polydev's default)."""
     backends = {"polydev": "cpu", "polydev_opencl": "cpu,opencl"}
     env = dict(os.environ, POLYDEV_BACKENDS=backends[engine]) if engine in backends else None
     if env is not None and cpu_kernels:
@@ -303,7 +308,9 @@ def _child(engine: str, path: str, reps: int, llama_cpp_dir: str | None = None,
     if engine == "llama_cpp" and llama_cpp_dir:
         env = with_llama_cpp(llama_cpp_dir)
     # models.py takes bench/ off the path as it is imported (see leave_bench_dir)
-    return run_child("models", f"{engine}_child({path!r}, {reps})", env)
+    call = (f"{engine}_child({path!r}, {reps}, {numerics!r})" if engine == "polydev"
+            else f"{engine}_child({path!r}, {reps})")
+    return run_child("models", call, env)
 
 
 def with_llama_cpp(directory: str) -> dict[str, str]:
@@ -325,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no model's label contains {args.only!r}", file=sys.stderr)
         return 2
     for label, path in models.items():
-        ours = _child("polydev", path, reps, cpu_kernels=args.cpu_kernels)
+        ours = _child("polydev", path, reps, cpu_kernels=args.cpu_kernels,
+                      numerics=args.numerics)
         theirs = _child("llama_cpp", path, reps, args.llama_cpp)
         if isinstance(ours, str):
             print(f"polydev failed on {label}: {ours}", file=sys.stderr)
@@ -374,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             figures.append(_opencl_figure(label, path, reps))
     engine = f"llama.cpp from {args.llama_cpp}" if args.llama_cpp else "llama.cpp installed"
     kernels = f"; polydev's {args.cpu_kernels} kernels" if args.cpu_kernels else ""
+    kernels += f"; numerics={args.numerics}" if args.numerics else ""
     print_figures("models", f"2 threads, CPU; {engine}{kernels}", figures, args.json)
     return 0
 
@@ -388,6 +397,8 @@ def _options(parser) -> None:
                         help="polydev's CPU kernels of LEVEL (POLYDEV_CPU_KERNELS), e.g. "
                              "x86-64-v3 for an AVX2 processor's figures beside the AVX2 "
                              "llama.cpp wheel")
+    parser.add_argument("--numerics", choices=NUMERICS,
+                        help="polydev's numerics (polydev.numerics; default: its default)")
 
 
 def _opencl_figure(label: str, path: str, reps: int) -> dict:

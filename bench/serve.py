@@ -28,6 +28,7 @@ import threading
 import time
 from functools import partial
 
+from polydev.numerics import NUMERICS
 from polydev.probes import physical_cores
 
 from figures import (add_llama_cpp_option, leave_bench_dir, parse_args,  # bench/
@@ -208,16 +209,19 @@ def _models(quick: bool) -> dict[str, str]:
 
 def _engines(path: str, args) -> dict:
     engines = {}
+    numerics = ["--numerics", args.numerics] if args.numerics else []
     if not args.no_cpu:
-        engines["polydev CPU"] = partial(polydev_server, path, extra=["--device", "none"])
+        engines["polydev CPU"] = partial(polydev_server, path,
+                                         extra=["--device", "none", *numerics])
     if not args.no_reference:
         engines["llama-cpp-python server"] = partial(llama_cpp_server, path,
                                                      directory=args.llama_cpp)
     layers = None if args.no_opencl else opencl_layers(path)
     if layers:
-        engines["polydev OpenCL0+CPU"] = partial(polydev_server, path, extra=layers)
+        engines["polydev OpenCL0+CPU"] = partial(polydev_server, path, extra=layers + numerics)
     if has_cuda():                       # every layer there (-ngl's default)
-        engines["polydev CUDA0"] = partial(polydev_server, path, extra=["--device", "CUDA0"])
+        engines["polydev CUDA0"] = partial(polydev_server, path,
+                                           extra=["--device", "CUDA0", *numerics])
     return engines
 
 
@@ -233,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             results[engine] = measure(start(port), port, max_tokens)
             print(f"{label}, {engine}: {_summary(results[engine])}", file=sys.stderr)
         figures += _figures(label, results)
-    print_figures("serve", f"{THREADS} CPU threads; {max_tokens} tokens per request", figures,
-                  args.json)
+    numerics = f"; numerics={args.numerics}" if args.numerics else ""
+    print_figures("serve", f"{THREADS} CPU threads; {max_tokens} tokens per request{numerics}",
+                  figures, args.json)
     return 0
 
 
@@ -283,6 +288,8 @@ def _options(parser) -> None:
     parser.add_argument("--no-opencl", action="store_true",
                         help="leave out the OpenCL0+CPU server (minutes per 1B-class model "
                              "on PoCL)")
+    parser.add_argument("--numerics", choices=NUMERICS,
+                        help="polydev serve's numerics (polydev.numerics; default: its default)")
 
 
 if __name__ == "__main__":
