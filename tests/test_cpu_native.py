@@ -297,6 +297,30 @@ def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
         assert np.all(out[:, 2] == 0)
 
 
+# n_head, n_head_kv, D, Dv: 8 query heads of a KV head at once, 8 and 4 of 12, two passes of
+# 8 of 16, a head wider than 128 and a Dv unlike D
+@pytest.mark.parametrize("heads", [(16, 2, 64, 64), (24, 2, 128, 128), (32, 2, 64, 64),
+                                   (8, 4, 256, 96)], ids=lambda h: "x".join(map(str, h)))
+@pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (4.0, 5.0, True)])
+def test_decode_attention_heads_of_a_kv_head_together(cpu, rng, heads, max_bias, softcap,
+                                                      sinks):
+    """A mask shared by the heads (a model's): the heads of one KV head attend together, each
+    cell's K and V read once for them; two sequences whose cells interleave, a run of hidden
+    cells longer than 16, a query that sees nothing; against float64."""
+    n_head, n_head_kv, d, dv = heads
+    q = f32(rng, (2, n_head, 3, d), -3, 3)
+    k = f32(rng, (2, n_head_kv, 300, d), -3, 3).astype(np.float16)
+    v = f32(rng, (2, n_head_kv, 300, dv)).astype(np.float16)
+    mask = np.full((1, 1, 4, 300), -np.inf, dtype=np.float16)
+    mask[..., 0, 40:90] = 0                               # a block, then every third cell
+    mask[..., 0, 200::3] = rng.uniform(-1, 0, size=34)
+    mask[..., 1, 1::2] = 0
+    out = _attention_against_float64(cpu, q, k, v, mask, f32(rng, (n_head,), -2, 2), max_bias,
+                                     softcap, sinks)
+    if not sinks:
+        assert np.all(out[:, 2] == 0)                   # query 2 sees nothing
+
+
 def _attention_against_float64(cpu, q, k, v, mask, sinks_values, max_bias, softcap, sinks):
     """FLASH_ATTN_EXT (scale 0.3) on ``cpu``, checked against float64; its result."""
     from test_ops_attention import _attention_ref
