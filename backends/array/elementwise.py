@@ -188,9 +188,16 @@ def bind_ufunc(env, node: Tensor) -> Callable[[], None]:
 
 
 def bind_clamp(env, node: Tensor) -> Callable[[], None]:
-    lo, hi = node.op_params
+    """As clip, in two ufunc calls: numpy's clip costs a few µs more per call, which a mixture
+    of experts' router pays every layer of a decode step."""
+    xp = env.xp
+    lo, hi = xp.float32(node.op_params[0]), xp.float32(node.op_params[1])
     d, a = env.view(node), env.view(node.src[0])
-    return lambda: env.xp.clip(a, lo, hi, out=d)
+
+    def run() -> None:
+        xp.maximum(a, lo, out=d)
+        xp.minimum(d, hi, out=d)
+    return run
 
 
 def bind_leaky_relu(env, node: Tensor) -> Callable[[], None]:
