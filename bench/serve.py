@@ -274,7 +274,8 @@ def _figures(label: str, results: dict) -> list[dict]:
                  else None)
         out.append({"name": f"{label}: polydev CPU / llama-cpp-python server, 8 streams",
                     "value": value, "unit": "ratio", "target": 2.0, "better": "higher",
-                    "detail": "" if value is not None else f"reference missing: {theirs}"})
+                    "detail": "" if value is not None else
+                    f"reference missing: {theirs or 'left out (--no-reference)'}"})
     return out
 
 
