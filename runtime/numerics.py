@@ -27,8 +27,9 @@ float64 evaluation of the same weights (top token differing from float64's):
     SmolLM2-135M Q4_1      1.2e-6 (0%)    1.5e-6 (0%)      4.8e-3 (2.7%)    4.7e-3 (3.5%)
     gemma-3-270m Q4_K_M    7.8e-7 (0%)    1.3e-6 (0%)      3.4e-3 (1.2%)    6.6e-3 (3.1%)
 
-"int8" buys prompt speed (1B-class models on 2 Zen 4 cores, ``bench/models.py --scale
---numerics int8``: pp512 1.3-1.5x "fast"'s) for the accuracy llama.cpp has; the default keeps
+"int8" buys the speed of prompts and batches (1B-class models on 2 Zen 4 cores, ``bench/models.py
+--scale --numerics int8``: pp512 1.2-1.65x "fast"'s; ``bench/serve.py``: 8 streams of the
+1B-class llama 3.5x one stream against 2.9x) for the accuracy llama.cpp has; the default keeps
 polydev's logits those of float64.
 """
 
