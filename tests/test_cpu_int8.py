@@ -2,8 +2,8 @@
 matrix times activation rows quantized to int8 with a scale per 32 values, for every
 interleaved type and any number of rows, within those activations' rounding of float64; a
 row's result the same bits whatever batch it is in (so a request's tokens do not depend on
-the others a server batches with it); MUL_MAT_ID the same way; non-finite activations carried.
-A build without the kernels (no AVX-512 VNNI) computes "int8" as "fast"."""
+the others a server batches with it). A build without the kernels (no AVX-512 VNNI) computes
+"int8" as "fast". MUL_MAT_ID and non-finite activations under int8: test_cpu_interleaved.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import polydev
 from polydev import GGMLType, dequantize
 from polydev.backends.cpu.native import kernels
 
-from conftest import nmse
-from test_cpu_interleaved import (INTERLEAVED_TYPES, WeightProduct, _experts_product,
-                                  _interleaved_bytes)
+from test_cpu_interleaved import INTERLEAVED_TYPES, WeightProduct, _interleaved_bytes
 from test_ops import f32, random_blocks
 
 pytestmark = pytest.mark.skipif(
@@ -87,33 +85,6 @@ def test_a_row_gives_the_same_bits_in_any_batch(int8_cpu, rng, qtype):
     for r in (0, 8, 12):
         np.testing.assert_array_equal(_product(int8_cpu, raw, qtype, x[r:r + 1])[0], batch[r])
     np.testing.assert_array_equal(_product(int8_cpu, raw, qtype, x[4:9]), batch[4:9])
-
-
-@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=str)
-@pytest.mark.parametrize("n_tokens", [1, 40])            # a decode step; a prompt
-def test_int8_mul_mat_id_multiplies_the_experts(int8_cpu, rng, qtype, n_tokens):
-    from test_ops_products import _mul_mat_id_ref, _routing
-
-    n_expert, m, k = 6, 32, 512
-    blocks = random_blocks(rng, qtype, n_expert * m, k)
-    ids = _routing(rng, n_tokens, 3, n_expert)
-    x = f32(rng, (1, n_tokens, 1, k))
-    got, cached = _experts_product(int8_cpu, blocks, qtype, n_expert, x, ids)
-    assert cached == n_expert * _interleaved_bytes(qtype, m, k)
-    w = dequantize(blocks, qtype).reshape(n_expert, m, k).astype(np.float64)
-    ref = _mul_mat_id_ref(w, x[0].astype(np.float64), ids)
-    # int8 activations: a relative error of about 1e-2 per value, averaged over 512 products
-    assert nmse(got[0], ref) < (1e-4 if HAS_INT8 else 1e-8)
-
-
-@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q5_K, GGMLType.Q8_0], ids=str)
-@pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_int8_product_carries_non_finite_activations(int8_cpu, rng, qtype, bad):
-    raw = random_blocks(rng, qtype, 16, 512)
-    x = f32(rng, (2, 512))
-    x[1, 300] = bad
-    out = _product(int8_cpu, raw, qtype, x)
-    assert np.all(np.isfinite(out[0])) and not np.any(np.isfinite(out[1]))
 
 
 @pytest.mark.skipif(HAS_INT8, reason="this build has int8 kernels")

@@ -79,6 +79,17 @@ def _mean_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float((np.exp(lp) * (lp - lq)).sum(axis=-1).mean())
 
 
+def _decode_logits(path, ids: list[int], numerics: str) -> np.ndarray:
+    """Every position's logits, the tokens decoded one at a time under ``numerics``."""
+    with load(path, devices=[], n_ctx=64, type_k="f32", type_v="f32", numerics=numerics,
+              progress=False) as m:
+        rows = []
+        for t in ids:
+            m.eval([t])
+            rows.append(m.logits())
+        return np.stack(rows)
+
+
 @pytest.mark.parametrize("weight_type", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 def test_decode_numerics_fast_and_exact_against_float64(tmp_path, weight_type):
     """Decode steps of a quantized model under both numerics: "exact" is float32 arithmetic
@@ -91,13 +102,7 @@ def test_decode_numerics_fast_and_exact_against_float64(tmp_path, weight_type):
     want = reference_models.forward(gguf_reader(path), ids)
     got = {}
     for numerics in ("exact", "fast"):
-        with load(path, devices=[], n_ctx=64, type_k="f32", type_v="f32", numerics=numerics,
-                  progress=False) as m:
-            rows = []
-            for t in ids:
-                m.eval([t])
-                rows.append(m.logits())
-            got[numerics] = np.stack(rows)
+        got[numerics] = _decode_logits(path, ids, numerics)
         assert _mean_kl(want, got[numerics]) < 1e-4, numerics
         np.testing.assert_allclose(got[numerics], want, atol=2e-3 * np.abs(want).max())
     assert not np.array_equal(got["fast"], got["exact"])
@@ -114,15 +119,7 @@ def test_decode_numerics_int8_against_float64(tmp_path, weight_type):
                             n_ff=512, weight_type=weight_type)
     ids = tokens_for(8, seed=3)
     want = reference_models.forward(gguf_reader(path), ids)
-    got = {}
-    for numerics in ("fast", "int8"):
-        with load(path, devices=[], n_ctx=64, type_k="f32", type_v="f32", numerics=numerics,
-                  progress=False) as m:
-            rows = []
-            for t in ids:
-                m.eval([t])
-                rows.append(m.logits())
-            got[numerics] = np.stack(rows)
+    got = {numerics: _decode_logits(path, ids, numerics) for numerics in ("fast", "int8")}
     assert _mean_kl(want, got["int8"]) < 5e-3
     lib = kernels()
     assert (lib is not None and lib.has_int8_products) != np.array_equal(got["int8"], got["fast"])

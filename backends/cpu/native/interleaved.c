@@ -358,18 +358,7 @@ GROUP_BODY(group_32) {
  * buffer on the stack (8 KiB: in L1), which every tile then reads: the unpacking was a
  * third of the vector operations of a tile (two thirds for the 5- and 6-bit types). */
 #define ROW_TILES(BODY, TYPE, P, NB, V0, Y, W16, ACCUMULATE)                                 \
-    do {                                                                                    \
-        int64_t r0 = 0;                                                                     \
-        for (; r0 + TILE <= a->n_rows; r0 += TILE)                                          \
-            BODY(TYPE, P, NB, act_rows_at(a, r0, TILE, V0), TILE, Y + r0 * y_stride,        \
-                 y_stride, W16, ACCUMULATE);                                                \
-        for (; r0 + TILE / 2 <= a->n_rows; r0 += TILE / 2)                                  \
-            BODY(TYPE, P, NB, act_rows_at(a, r0, TILE / 2, V0), TILE / 2,                   \
-                 Y + r0 * y_stride, y_stride, W16, ACCUMULATE);                             \
-        for (; r0 < a->n_rows; r0++)                                                        \
-            BODY(TYPE, P, NB, act_rows_at(a, r0, 1, V0), 1, Y + r0 * y_stride, y_stride,    \
-                 W16, ACCUMULATE);                                                          \
-    } while (0)
+    ROW_TILES_OF(BODY, act_rows_at, TILE, TYPE, P, NB, V0, Y, W16, ACCUMULATE)
 
 #define GROUP_KERNEL(NAME, BODY, TYPE)                                                      \
 static void NAME(const uint8_t *p, int64_t G, const int16_rows *a, float *y,               \

@@ -94,6 +94,23 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
         __builtin_prefetch(p + PREFETCH_BYTES + c, 0, 3);
 }
 
+/* A group kernel's passes over the rows of `a` (the enclosing function's; results at Y, rows
+ * y_stride apart): TILE_ROWS rows at a time, then TILE_ROWS / 2, then one by one, each pass
+ * BODY(TYPE, P, NB, AT(a, r0, rows, V0), rows, y, y_stride, W, ACCUMULATE) */
+#define ROW_TILES_OF(BODY, AT, TILE_ROWS, TYPE, P, NB, V0, Y, W, ACCUMULATE)                  \
+    do {                                                                                    \
+        int64_t r0 = 0;                                                                     \
+        for (; r0 + TILE_ROWS <= a->n_rows; r0 += TILE_ROWS)                                \
+            BODY(TYPE, P, NB, AT(a, r0, TILE_ROWS, V0), TILE_ROWS, Y + r0 * y_stride,       \
+                 y_stride, W, ACCUMULATE);                                                  \
+        for (; r0 + TILE_ROWS / 2 <= a->n_rows; r0 += TILE_ROWS / 2)                        \
+            BODY(TYPE, P, NB, AT(a, r0, TILE_ROWS / 2, V0), TILE_ROWS / 2,                  \
+                 Y + r0 * y_stride, y_stride, W, ACCUMULATE);                               \
+        for (; r0 < a->n_rows; r0++)                                                        \
+            BODY(TYPE, P, NB, AT(a, r0, 1, V0), 1, Y + r0 * y_stride, y_stride, W,          \
+                 ACCUMULATE);                                                               \
+    } while (0)
+
 /* activation rows quantized to int8 with a scale per 32 values (interleaved_int8.c) */
 typedef struct {
     int8_t *q;           /* [n_rows][K] */

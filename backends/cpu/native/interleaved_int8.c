@@ -298,20 +298,8 @@ static inline __attribute__((always_inline)) void unpack_span8(int type, const u
     }
 }
 
-/* the rows of `a` TILE8, TILE8 / 2 or 1 at a time */
 #define ROW_TILES8(TYPE, P, NB, V0, Y, W8, ACCUMULATE)                                        \
-    do {                                                                                    \
-        int64_t r0 = 0;                                                                     \
-        for (; r0 + TILE8 <= a->n_rows; r0 += TILE8)                                        \
-            group8(TYPE, P, NB, act8_at(a, r0, TILE8, V0), TILE8, Y + r0 * y_stride,        \
-                   y_stride, W8, ACCUMULATE);                                               \
-        for (; r0 + TILE8 / 2 <= a->n_rows; r0 += TILE8 / 2)                                \
-            group8(TYPE, P, NB, act8_at(a, r0, TILE8 / 2, V0), TILE8 / 2,                   \
-                   Y + r0 * y_stride, y_stride, W8, ACCUMULATE);                            \
-        for (; r0 < a->n_rows; r0++)                                                        \
-            group8(TYPE, P, NB, act8_at(a, r0, 1, V0), 1, Y + r0 * y_stride, y_stride, W8,  \
-                   ACCUMULATE);                                                             \
-    } while (0)
+    ROW_TILES_OF(group8, act8_at, TILE8, TYPE, P, NB, V0, Y, W8, ACCUMULATE)
 
 /* Group G's 16 results for every row of `a`. More rows than a tile (a prompt) unpack each
  * span of 256 values once into 4 KiB on the stack, which every tile then reads. */
