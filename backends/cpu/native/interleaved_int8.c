@@ -16,7 +16,7 @@
  * 6-bit values as they are stored, Q8_0's bytes with their sign bit flipped (value + 128).
  * Each type's offset (8 for Q4_0, 16 for Q5_0, 32 for Q6_K, 128 for Q8_0) comes off in int32
  * as the offset times the activations' integer sum; minimums (Q4_K, Q5_K, Q4_1, Q5_1) are
- * applied in float to the activations' float sums, as the int16 kernels do.
+ * applied in float to the activations' sums as quantized (quantize_unit says why).
  *
  * A unit is 32 values of each row (a K-quant's sub-block, or a 32-value block), unpacked into
  * 8 vectors of quads: vector v multiplies activations 4 v .. 4 v + 3 of the unit (vectors 0-3
