@@ -4,8 +4,9 @@ The array kernel decodes every expert's matrix to float32 (the weight cache: fou
 times the bytes of the blocks, for experts most tokens never use) and multiplies through
 BLAS. Here the (token, slot) pairs are grouped by expert as there, and each expert in use
 multiplies the rows routed to it straight from its own blocks, by the kernel MUL_MAT would
-choose for that many rows (matmul.bind_product): integer products under numerics="fast",
-from the experts' interleaved copy where the build has one (matmul.interleaved_copy).
+choose for that many rows (matmul.bind_product): integer products under numerics="fast"
+(int16) and "int8", from the experts' interleaved copy where the build has one
+(matmul.interleaved_copy).
 """
 
 from __future__ import annotations
