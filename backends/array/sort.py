@@ -37,8 +37,8 @@ def bind_top_k(env, node: Tensor) -> Callable[[], None]:
         if n <= SORT_WHOLE_ROWS:
             xp.copyto(d, xp.argsort(neg, axis=-1, kind="stable")[..., :k], casting="unsafe")
             return
-        top = xp.argpartition(neg, k - 1, axis=-1)[..., :k] if k < n else xp.broadcast_to(
-            xp.arange(n), a.shape)
+        top = (xp.argpartition(neg, k - 1, axis=-1)[..., :k] if k < n
+               else xp.broadcast_to(xp.arange(n), a.shape))
         order = xp.argsort(xp.take_along_axis(neg, top, axis=-1), axis=-1, kind="stable")
         xp.copyto(d, xp.take_along_axis(top, order, axis=-1), casting="unsafe")
     return run

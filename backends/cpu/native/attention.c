@@ -171,7 +171,7 @@ static inline void dot_heads(const float *const *q, int64_t nh, const float *k, 
         for (int64_t g = 0; g < nh; g++) dots[g] += q[g][j] * k[j];
 }
 
-/* out[g] = out[g] * rescale[g] + weight[g] v for nh rows of n values */
+/* out[g] += weight[g] v for nh rows of n values (v read once per 8 values for all) */
 static inline void axpy_heads(float (*out)[FA_GROUP_MAX_D], int64_t nh, const float *v,
                               const float *weight, int64_t n) {
     for (int64_t g = 0; g < nh; g++) {
