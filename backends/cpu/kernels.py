@@ -5,7 +5,9 @@ from __future__ import annotations
 from polydev.kernels import Kernel, KernelTable
 from polydev.ops import GluOp, Op
 
-from polydev.backends.array import TABLE
+from polydev.backends.array import KERNELS, TABLE
+
+from .blas import product_macs, sized_for_blas
 
 from .attention import bind_native_flash_attn, native_flash_attn_ok
 from .get_rows import bind_native_get_rows, native_get_rows_ok
@@ -16,6 +18,19 @@ from .norm import bind_native_rms_norm, native_rms_norm_ok
 from .rope import bind_native_rope, native_rope_ok
 from .set_rows import bind_native_set_rows, native_set_rows_ok
 
+
+def _blas_sized(kernel: Kernel) -> Kernel:
+    """An array kernel's product through numpy's BLAS, a small one on one thread (blas.py)."""
+    bind = kernel.bind
+    return Kernel(kernel.accepts,
+                  lambda env, node: sized_for_blas(bind(env, node), product_macs(node)))
+
+
+# the products the compiled kernels leave to numpy, then the other array kernels
+_NUMPY_PRODUCTS = KernelTable({op: _blas_sized(KERNELS[op])
+                               for op in (Op.MUL_MAT, Op.MUL_MAT_ID, Op.OUT_PROD)},
+                              target=lambda backend: backend.env, fallback=TABLE)
+
 CPU_TABLE = KernelTable({
     Op.MUL_MAT: Kernel(native_mul_mat_ok, bind_native_mul_mat),
     Op.MUL_MAT_ID: Kernel(native_mul_mat_id_ok, bind_native_mul_mat_id),
@@ -25,4 +40,4 @@ CPU_TABLE = KernelTable({
     Op.ROPE: Kernel(native_rope_ok, bind_native_rope),
     Op.RMS_NORM: Kernel(native_rms_norm_ok, bind_native_rms_norm),
     Op.SET_ROWS: Kernel(native_set_rows_ok, bind_native_set_rows),
-}, target=lambda backend: backend.env, fallback=TABLE)
+}, target=lambda backend: backend.env, fallback=_NUMPY_PRODUCTS)

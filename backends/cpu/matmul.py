@@ -37,6 +37,7 @@ from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
+from .blas import product_macs, sized_for_blas
 from .buffer import CPUBuffer
 from .native import kernels, pack
 
@@ -65,7 +66,7 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
     x, y = as_rows(env.view(node.src[1]), k), as_rows(env.view(node), m)
     if x is None or y is None:                      # rows without one stride: the array kernel
         from polydev.backends.array.matmul import bind_mul_mat
-        return bind_mul_mat(env, node)
+        return sized_for_blas(bind_mul_mat(env, node), product_macs(node))
     name = f"MUL_MAT {node.name or '<unnamed>'}"
     interleaved = _bind_interleaved(env, a_t, x, y, name)
     if interleaved is not None:
@@ -183,7 +184,7 @@ def bind_product(env, type_id: int, w_ptr: int, w_stride: int, m: int, k: int, x
             # left spinning after a parallel region would take the cores BLAS runs on
             lib.dequantize_rows(type_id, w_ptr, w_stride, i0, i1, k, tile.ctypes.data, 1)
             np.matmul(x, tile[:i1 - i0].T, out=y[:, i0:i1])
-    return by_tiles
+    return sized_for_blas(by_tiles, n_rows * m * k)
 
 
 def _int16_product(lib, args: np.ndarray, name: str) -> Callable[[], None]:
