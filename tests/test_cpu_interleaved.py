@@ -106,6 +106,29 @@ def test_interleaved_product_is_the_int16_product(fast_cpu, rng, qtype, n):
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0], ids=str)
+def test_a_prompt_in_several_passes_gives_each_pass_alone(integer_cpu, rng, qtype):
+    """A prompt whose integer activations outgrow one pass over the weights (about 512 KiB:
+    32 rows of 8192 int16, 64 of int8) is multiplied a pass at a time: its rows have the
+    bits of the same rows multiplied on their own in one pass, within the rounding bound."""
+    m, k, n, per_pass = 16, 8192, 80, 32
+    raw = random_blocks(rng, qtype, m, k)
+    x = f32(rng, (n, k))
+    whole = WeightProduct(integer_cpu, raw, qtype, n)
+    piece = WeightProduct(integer_cpu, raw, qtype, per_pass)
+    try:
+        out = whole(x)
+        for r0 in range(0, n - per_pass + 1, per_pass):
+            np.testing.assert_array_equal(out[r0:r0 + per_pass], piece(x[r0:r0 + per_pass]))
+    finally:
+        whole.close()
+        piece.close()
+    if integer_cpu.numerics == "fast":
+        w = dequantize(raw, qtype).reshape(m, k).astype(np.float64)
+        bound = int16_error_bound(x, w, qtype.traits.block_size)
+        assert np.all(np.abs(out - x.astype(np.float64) @ w.T) <= bound)
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0], ids=str)
 def test_a_rewritten_weight_is_interleaved_again(fast_cpu, rng, qtype):
     """The copy belongs to the buffer's contents: a plan bound before a rewrite multiplies
     the new values."""
