@@ -659,20 +659,43 @@ void pd_rope_f32(const pd_tensor *a, const pd_tensor *d, int64_t n_offs, int64_t
         }
 }
 
-/* RMS_NORM of float32 rows, as ggml's CPU kernel: the sum of squares in double, then
- * y = x * (1 / sqrtf(mean + eps)). Strides in bytes; a and d may be the same memory. */
-void pd_rms_norm_f32(const pd_tensor *a, const pd_tensor *d, float eps) {
-    const int64_t ne0 = d->ne[0];
-    for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < d->ne[2]; i2++)
-            for (int64_t i1 = 0; i1 < d->ne[1]; i1++) {
-                const float *x = (const float *)tensor_row(a, i1, i2, i3);
-                float *y = (float *)tensor_row(d, i1, i2, i3);
-                double sum = 0.0;
-                for (int64_t k = 0; k < ne0; k++) sum += (double)(x[k] * x[k]);
-                const float scale = 1.0f / sqrtf((float)(sum / (double)ne0) + eps);
-                for (int64_t k = 0; k < ne0; k++) y[k] = x[k] * scale;
-            }
+/* RMS_NORM of float32 rows, as ggml's CPU kernel: each square in float, summed in double, then
+ * y = x * (1 / sqrtf(mean + eps)). The sums run in eight double chains (ggml's one chain of
+ * dependent adds took 0.57 ms for a prompt's 512 rows of 2048; a double sum of 2048 float
+ * squares is exact to a few ulps whatever the order), and the rows are split over the threads.
+ * Strides in bytes; a and d may be the same memory. */
+#define NORM_THREAD_WORK (1 << 16)  /* values from which RMS_NORM runs threaded */
+
+static double sum_of_squares(const float *x, int64_t n) {
+    int64_t k = 0;
+    double sum = 0.0;
+#if defined(__AVX__)
+    __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (; k + 8 <= n; k += 8) {
+        const __m256 v = _mm256_loadu_ps(x + k), sq = _mm256_mul_ps(v, v);
+        acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, _mm256_add_pd(acc[0], acc[1]));
+    sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+    for (; k < n; k++) sum += (double)(x[k] * x[k]);
+    return sum;
+}
+
+void pd_rms_norm_f32(const pd_tensor *a, const pd_tensor *d, float eps, int n_threads) {
+    const int64_t ne0 = d->ne[0], ne1 = d->ne[1], ne2 = d->ne[2];
+    const int64_t rows = ne1 * ne2 * d->ne[3];
+    const int parallel = n_threads > 1 && rows > 1 && rows * ne0 >= NORM_THREAD_WORK;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (parallel)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i1 = r % ne1, i2 = r / ne1 % ne2, i3 = r / (ne1 * ne2);
+        const float *x = (const float *)tensor_row(a, i1, i2, i3);
+        float *y = (float *)tensor_row(d, i1, i2, i3);
+        const float scale = 1.0f / sqrtf((float)(sum_of_squares(x, ne0) / (double)ne0) + eps);
+        for (int64_t k = 0; k < ne0; k++) y[k] = x[k] * scale;
+    }
 }
 
 /* SET_ROWS of float32 rows into float32 or fp16 rows (a KV cache): row i of src[i3][i2] goes
@@ -740,7 +763,7 @@ void pd_rope_f32_packed(const int64_t *a, const float *cos_t, const float *sin_t
 
 void pd_rms_norm_f32_packed(const int64_t *a, float eps) {
     const pd_tensor src = tensor_at(a), dst = tensor_at(a + TENSOR_WORDS);
-    pd_rms_norm_f32(&src, &dst, eps);
+    pd_rms_norm_f32(&src, &dst, eps, (int)a[2 * TENSOR_WORDS]);
 }
 
 int pd_set_rows_f32_packed(const int64_t *a) {
