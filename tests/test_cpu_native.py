@@ -302,19 +302,27 @@ def test_decode_attention_over_f16_cache(cpu, rng, max_bias, softcap, sinks):
 @pytest.mark.parametrize("heads", [(16, 2, 64, 64), (24, 2, 128, 128), (32, 2, 64, 64),
                                    (8, 4, 256, 96)], ids=lambda h: "x".join(map(str, h)))
 @pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (4.0, 5.0, True)])
+# spans: each query sees most of its span (the blocked kernel); interleaved: the cells of four
+# sequences alternate and each query sees a quarter of its span (the grouped row kernel)
+@pytest.mark.parametrize("cells", ["spans", "interleaved"])
 def test_decode_attention_heads_of_a_kv_head_together(cpu, rng, heads, max_bias, softcap,
-                                                      sinks):
+                                                      sinks, cells):
     """A mask shared by the heads (a model's): the heads of one KV head attend together, each
-    cell's K and V read once for them; two sequences whose cells interleave, a run of hidden
-    cells longer than 16, a query that sees nothing; against float64."""
+    cell's K and V read once for them; two sequences, a run of hidden cells longer than 16, a
+    query that sees nothing; against float64."""
     n_head, n_head_kv, d, dv = heads
     q = f32(rng, (2, n_head, 3, d), -3, 3)
     k = f32(rng, (2, n_head_kv, 300, d), -3, 3).astype(np.float16)
     v = f32(rng, (2, n_head_kv, 300, dv)).astype(np.float16)
     mask = np.full((1, 1, 4, 300), -np.inf, dtype=np.float16)
-    mask[..., 0, 40:90] = 0                               # a block, then every third cell
-    mask[..., 0, 200::3] = rng.uniform(-1, 0, size=34)
-    mask[..., 1, 1::2] = 0
+    if cells == "spans":
+        mask[..., 0, 40:90] = 0                           # a block, then every third cell
+        mask[..., 0, 200::3] = rng.uniform(-1, 0, size=34)
+        mask[..., 1, 1::2] = 0
+    else:
+        mask[..., 0, 0::4] = rng.uniform(-1, 0, size=75)
+        mask[..., 0, 100:160] = -np.inf                   # a longer run of hidden cells
+        mask[..., 1, 3::4] = 0
     out = _attention_against_float64(cpu, q, k, v, mask, f32(rng, (n_head,), -2, 2), max_bias,
                                      softcap, sinks)
     if not sinks:

@@ -1,13 +1,13 @@
-/* FLASH_ATTN_EXT over an fp16 KV cache: ggml's online softmax, per query row for a decode
- * step, and blocked for a prompt.
+/* FLASH_ATTN_EXT over an fp16 KV cache: ggml's online softmax, blocked where the build has
+ * AVX2, and per query row for masks that hide most cells (several sequences in one cache).
  *
- * A prompt's attention is two products per head, Q K^T and P V, with a softmax between; per
- * row it would read every K and V cell once per query. The blocked kernel takes a tile of
- * queries with every head that shares one KV head (about FA_ROWS rows), converts a block of
- * FA_CELLS cells of K and V to float32 once for all of them, and multiplies in registers,
- * keeping each row's running maximum, sum and output as the online softmax does. Cells the
- * mask hides (-inf) are skipped a block at a time: a causal prompt computes about half of the
- * products.
+ * Attention is two products per head, Q K^T and P V, with a softmax between; per row it would
+ * read every K and V cell once per query. The blocked kernel takes a tile of queries with
+ * every head that shares one KV head (about FA_ROWS rows: a decode step's tile is its query's
+ * heads), converts a block of FA_CELLS cells of K and V to float32 once for all of them, and
+ * multiplies in registers, keeping each row's running maximum, sum and output as the online
+ * softmax does. Cells the mask hides (-inf) are skipped a block at a time: a causal prompt
+ * computes about half of the products.
  */
 #include "blocks.h"
 
@@ -78,8 +78,8 @@ typedef struct {
 } fa_op;
 
 /* FLASH_ATTN_EXT with fp16 K and V: ggml's online softmax per (sequence, query, head) over
- * the cells [lo, hi), skipping cells the mask sets to -inf as ggml does. Many queries (a
- * prompt) go to the blocked kernel below where the build has it. */
+ * the cells [lo, hi), skipping cells the mask sets to -inf as ggml does: where the build has
+ * neither the blocked kernel nor the grouped one (masks per head, a head per KV head). */
 static void attend_by_rows(const fa_op *op, int n_threads) {
     const uint8_t *q = op->q, *k = op->k, *v = op->v, *mask = op->mask;
     const int64_t q1 = op->q1, q2 = op->q2, q3 = op->q3, k1 = op->k1, k2 = op->k2, k3 = op->k3;
@@ -139,7 +139,8 @@ static void attend_by_rows(const fa_op *op, int n_threads) {
 
 /* --- a few query rows, the heads of a KV head together ------------------------------------- */
 
-#define FA_GROUP_HEADS 8      /* query heads attended together: one K/V read for all of them */
+#define FA_GROUP_HEADS 8      /* query heads attended together: one K/V read for all of them
+                                 * (and the lanes of one AVX vector in softmax_heads) */
 #define FA_GROUP_MAX_D 256    /* the widest heads the grouped kernel takes (on its stack) */
 
 /* n fp16 values to float32 */
@@ -205,12 +206,67 @@ static int groups_apply(const fa_op *op) {
            && op->D <= FA_GROUP_MAX_D && op->Dv <= FA_GROUP_MAX_D;
 }
 
+/* One cell's step of the online softmax for nh heads: their dot products x with the cell's K
+ * become scores (scaled, soft-capped, plus the slope times the mask's m where masked); a head
+ * whose maximum grows has its sum and output rescaled (rare after the first cells); vs gets
+ * each head's weight of the cell's V (0 where the score is -inf). */
+static inline void softmax_heads(const fa_op *op, int64_t h0, int64_t nh, float *x, float m,
+                                 int masked, float *M, float *S,
+                                 float (*acc)[FA_GROUP_MAX_D], float *vs) {
+    for (int64_t g = 0; g < nh; g++) {
+        float xg = x[g] * op->scale;
+        if (op->softcap != 0.0f) xg = op->softcap * tanhf(xg);
+        x[g] = xg + (masked ? (op->slopes ? op->slopes[h0 + g] : 1.0f) * m : 0.0f);
+    }
+#if defined(__AVX2__) && defined(__FMA__)
+    /* the heads as the lanes of one vector: two exp8 for all of them where the scalar code
+     * called expf once per head per cell, which took most of a D = 64 layer's attention */
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 used = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)nh), lane));
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 xv = _mm256_blendv_ps(ninf, _mm256_loadu_ps(x), used);
+    const __m256 old = _mm256_loadu_ps(M);
+    const __m256 top = _mm256_max_ps(xv, old);               /* a NaN score keeps M */
+    float tops[FA_GROUP_HEADS];
+    _mm256_storeu_ps(tops, top);
+    int grew = _mm256_movemask_ps(_mm256_cmp_ps(top, old, _CMP_GT_OQ));
+    for (; grew; grew &= grew - 1) {
+        const int g = __builtin_ctz(grew);
+        const float ms = expf(M[g] - tops[g]);
+        for (int64_t j = 0; j < op->Dv; j++) acc[g][j] *= ms;
+        S[g] *= ms;
+    }
+    const __m256 hidden = _mm256_cmp_ps(xv, ninf, _CMP_EQ_OQ);
+    const __m256 w = _mm256_andnot_ps(hidden, exp8(_mm256_sub_ps(xv, top)));
+    _mm256_storeu_ps(M, top);
+    _mm256_storeu_ps(S, _mm256_add_ps(_mm256_loadu_ps(S), w));
+    _mm256_storeu_ps(vs, w);
+#else
+    for (int64_t g = 0; g < nh; g++) {
+        const float xg = x[g];
+        vs[g] = 0.0f;
+        if (xg == -INFINITY) continue;
+        vs[g] = 1.0f;
+        if (xg > M[g]) {
+            const float ms = expf(M[g] - xg);
+            for (int64_t j = 0; j < op->Dv; j++) acc[g][j] *= ms;
+            S[g] *= ms;
+            M[g] = xg;
+        } else {
+            vs[g] = expf(xg - M[g]);
+        }
+        S[g] += vs[g];
+    }
+#endif
+}
+
 /* The row kernel's online softmax for up to FA_GROUP_HEADS query heads of one KV head at
- * once: each shown cell's K and V are converted once for all of them, and their dot products
- * are independent sums (the row kernel's one chain of dependent adds per head waited on each
- * add). On a 1B-class llama (32 heads over 4 KV heads, 2 Zen 4 threads) a layer's attention
- * went from 0.52 to 0.33 ms for a batch of 8 sequences over 1800 interleaved cells, and from
- * 0.68 to 0.34 ms for one sequence over 1500 cells (its decode step 12.8 -> 10.0 ms). */
+ * once, for the queries of several sequences whose cells interleave in the cache (the blocked
+ * kernel would compute every hidden cell of their spans): each shown cell's K and V are
+ * converted once for all the heads, and their dot products are independent sums (the row
+ * kernel's one chain of dependent adds per head waited on each add). On a 1B-class llama (32
+ * heads over 4 KV heads, 2 Zen 4 threads) a layer's attention went from 0.52 to 0.33 ms for a
+ * batch of 8 sequences over 1800 interleaved cells. */
 static void attend_row_groups(const fa_op *op, int n_threads) {
     const int64_t G = op->n_head / op->n_head_kv;
     const int64_t chunks = (G + FA_GROUP_HEADS - 1) / FA_GROUP_HEADS;
@@ -231,35 +287,21 @@ static void attend_row_groups(const fa_op *op, int n_threads) {
         const float *q[FA_GROUP_HEADS];
         float kf[FA_GROUP_MAX_D], vf[FA_GROUP_MAX_D], acc[FA_GROUP_HEADS][FA_GROUP_MAX_D];
         float M[FA_GROUP_HEADS], S[FA_GROUP_HEADS], x[FA_GROUP_HEADS], vs[FA_GROUP_HEADS];
+        for (int64_t g = 0; g < FA_GROUP_HEADS; g++) {    /* every lane: softmax_heads' vectors */
+            M[g] = -INFINITY;
+            S[g] = x[g] = vs[g] = 0.0f;
+        }
         for (int64_t g = 0; g < nh; g++) {
             q[g] = (const float *)(op->q + s * op->q3 + (h0 + g) * op->q2 + i * op->q1);
-            M[g] = -INFINITY;
-            S[g] = 0.0f;
             for (int64_t j = 0; j < Dv; j++) acc[g][j] = 0.0f;
         }
         for (int64_t c = op->lo; c < op->hi; c++) {
             if (mrow && (c = next_shown(mrow, c, op->hi)) == op->hi) break;
-            const float m = mrow ? f16(mrow + 2 * c) : 0.0f;
             prefetch_cell(kh, vh, op, c + FA_PREFETCH_CELLS);
             f16_row(kh + c * op->k1, kf, D);
             dot_heads(q, nh, kf, D, x);
-            for (int64_t g = 0; g < nh; g++) {
-                float xg = x[g] * op->scale;
-                if (op->softcap != 0.0f) xg = op->softcap * tanhf(xg);
-                xg += mrow ? (op->slopes ? op->slopes[h0 + g] : 1.0f) * m : 0.0f;
-                vs[g] = 0.0f;
-                if (xg == -INFINITY) continue;
-                vs[g] = 1.0f;
-                if (xg > M[g]) {
-                    const float ms = expf(M[g] - xg);
-                    for (int64_t j = 0; j < Dv; j++) acc[g][j] *= ms;
-                    S[g] *= ms;
-                    M[g] = xg;
-                } else {
-                    vs[g] = expf(xg - M[g]);
-                }
-                S[g] += vs[g];
-            }
+            softmax_heads(op, h0, nh, x, mrow ? f16(mrow + 2 * c) : 0.0f, mrow != 0, M, S, acc,
+                          vs);
             f16_row(vh + c * op->v1, vf, Dv);
             axpy_heads(acc, nh, vf, vs, Dv);
         }
@@ -286,7 +328,6 @@ static void attend_row_groups(const fa_op *op, int n_threads) {
 #define BLOCKED_ATTENTION 1
 #define FA_CELLS 64          /* KV cells converted and multiplied at a time */
 #define FA_ROWS 32           /* query rows per tile, about: queries x the heads of a KV head */
-#define FA_MIN_QUERIES 8     /* from this many queries the blocked kernel runs */
 #define FA_SPARSE_RATIO 3    /* ... unless its rows see fewer than a third of their spans */
 
 
@@ -541,15 +582,32 @@ static void softmax_block(const fa_op *op, fa_scratch *t, int64_t row, int64_t h
     t->M[row] = m_new;
 }
 
+/* Ask for the K and V rows of the cells [c0, c0 + FA_CELLS) below hi of KV head hk, while
+ * the block before them is multiplied. In a model the cache comes from memory (a step's
+ * weights pass through the caches between two layers' attention), its rows are strided (a
+ * cell's KV heads side by side), and the hardware prefetchers fell behind: a decode step of the
+ * 1B-class llama over 1500 cells took 9.26 ms without, 8.46 ms with (one block ahead; two:
+ * 8.56), against 9.15 ms for the grouped row kernel. */
+static void prefetch_block(const fa_op *op, int64_t s, int64_t hk, int64_t c0, int64_t hi) {
+    const uint8_t *kh = op->k + s * op->k3 + hk * op->k2, *vh = op->v + s * op->v3 + hk * op->v2;
+    const int64_t end = c0 + FA_CELLS < hi ? c0 + FA_CELLS : hi;
+    for (int64_t c = c0; c < end; c++) {
+        for (int64_t b = 0; b < 2 * op->D; b += 64) __builtin_prefetch(kh + c * op->k1 + b);
+        for (int64_t b = 0; b < 2 * op->Dv; b += 64) __builtin_prefetch(vh + c * op->v1 + b);
+    }
+}
+
 /* queries [i0, i0 + nq) of sequence s with the heads of KV head hk */
 static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_t nq,
                         fa_scratch *t) {
     const int64_t G = op->n_head / op->n_head_kv, rows = nq * G;
     int64_t lo, hi;
     tile_rows(op, s, hk, i0, nq, t, &lo, &hi);
+    prefetch_block(op, s, hk, lo, hi);
     for (int64_t c0 = lo; c0 < hi; c0 += FA_CELLS) {
         const int64_t n = hi - c0 < FA_CELLS ? hi - c0 : FA_CELLS;
         load_block(op, s, hk, c0, n, t);
+        prefetch_block(op, s, hk, c0 + FA_CELLS, hi);
         int64_t r = 0;
         for (; r + 4 <= rows; r += 4)
             qk_rows(t->Q + r * op->D, op->D, t->Kt, t->S + r * FA_CELLS, 4);
@@ -642,7 +700,7 @@ void pd_flash_attn_f16(const pd_tensor *q, const pd_tensor *k, const pd_tensor *
                       q->ne[1], q->ne[2], k->ne[2], q->ne[3], lo, hi, scale, softcap, slopes,
                       sinks};
 #ifdef BLOCKED_ATTENTION
-    if (op.n_q >= FA_MIN_QUERIES && !mostly_hidden(&op) && attend_blocked(&op, n_threads))
+    if (!mostly_hidden(&op) && attend_blocked(&op, n_threads))
         return;
 #endif
     if (groups_apply(&op)) {
