@@ -68,11 +68,10 @@ class Sampler:
         """The next token from one row of logits."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
-        ids = np.arange(logits.shape[0])
         values = self._penalize(logits.copy()) if self._penalties_on() else logits
         if p.greedy:
             return int(np.argmax(values))
-        ids, values = _top_k(ids, values, p.top_k)
+        ids, values = _top_k(values, p.top_k)
         ids, values = _top_p(ids, values, p.top_p)
         ids, values = _min_p(ids, values, p.min_p)
         values = values / p.temperature
@@ -97,15 +96,21 @@ class Sampler:
         return logits
 
 
-def _top_k(ids: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k largest, sorted descending (k <= 0: all, sorted)."""
+def _top_k(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids of the k largest values and those values, sorted descending (k <= 0:
+    all, sorted); of equal values the lower ids."""
     if 0 < k < len(values):
-        # the k-th largest value, then those above it and enough of those equal to it: over a
-        # 262k vocabulary, 2.4x faster than argpartition (which needs a negated copy too)
+        # the k-th largest value, then the ids at or above it in one pass (more than k only
+        # where values tie with it): over a 262k vocabulary 2.4x faster than argpartition,
+        # which needs a negated copy too
         kth = np.partition(values, len(values) - k)[len(values) - k]
-        above = np.flatnonzero(values > kth)
-        keep = np.concatenate([above, np.flatnonzero(values == kth)[:k - above.size]])
-        ids, values = ids[keep], values[keep]
+        ids = np.flatnonzero(values >= kth)
+        if ids.size > k:
+            above = ids[values[ids] > kth]
+            ids = np.concatenate([above, ids[values[ids] == kth][:k - above.size]])
+    else:
+        ids = np.arange(len(values))
+    values = values[ids]
     order = np.argsort(-values, kind="stable")
     return ids[order], values[order]
 
