@@ -3,8 +3,8 @@
 For SmolLM2-135M (Q4_1), gemma-3-270m (Q4_K_M) and, with ``--scale``, random-weight models of
 the 1B class (SCALE_MODELS: TinyLlama's widths in Q4_K, Q4_0, Q5_K and Q6_K, qwen3 in Q8_0, a
 qwen3 mixture of experts in Q4_K; written
-once with gguf.GGUFWriter, the K-quants by polydev's quantizer, into
-$POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
+once with gguf.GGUFWriter, the K-quants by polydev's quantizer, with SmolLM2's tokenizer where
+it is installed, into $POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
 own), one after the other for each model:
 - polydev t/s / llama.cpp t/s for pp512, pp4096 (one run: a 4096-token prompt in batches of
   512, attention over up to 4096 cells) and tg128 (target 1.0);
@@ -64,15 +64,27 @@ SCALE_MODELS = {
 }
 
 
+# the real model whose tokenizer the 1B-class models take: its 49152 tokens are their
+# vocabulary, and its merges give text the tokens a trained model's would (the made-up
+# SentencePiece vocabulary of tests/model_files.py makes about a token per character, which
+# tripled the prompts bench/serve.py sends)
+TOKENIZER_MODEL = "SmolLM2-135M Q4_1"
+
+
 def scale_model(label: str, shape: dict) -> str:
     """The random-weight model ``label``, written on first use (tests/model_files.py) by a
     child process: Linux carries a process's resident memory over fork and exec into the
-    child's peak RSS, so a writer's gigabyte in this process would count in every engine's."""
+    child's peak RSS, so a writer's gigabyte in this process would count in every engine's.
+    It has TOKENIZER_MODEL's tokenizer where that model is installed (its file name says so),
+    else the made-up one."""
     from polydev.env import cache_dir
 
-    path = cache_dir("bench-models") / (label.replace(" ", "-") + ".gguf")
+    tokenizer = real_models().get(TOKENIZER_MODEL)
+    name = label.replace(" ", "-") + ("-smollm2-vocab" if tokenizer else "")
+    path = cache_dir("bench-models") / (name + ".gguf")
     if not path.exists():
         print(f"writing {path} ...", file=sys.stderr, flush=True)
+        shape = dict(shape, tokenizer_of=tokenizer) if tokenizer else shape
         done = run_child("models", f"write_model({str(path)!r}, {shape!r})")
         if isinstance(done, str):
             raise RuntimeError(f"writing {path} failed: {done}")

@@ -69,14 +69,33 @@ def quantized(values, kind):
         return polydev.quantize(values, polydev.GGMLType[kind.name])
 
 
+def _copy_tokenizer(w, source: str, n_vocab: int) -> None:
+    """Every ``tokenizer.`` key of the GGUF file ``source`` into the writer ``w``."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if key == "tokenizer.ggml.tokens" and len(value) != n_vocab:
+            raise ValueError(f"{source} has {len(value)} tokens, the model {n_vocab}")
+        sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, field.types[0], sub_type)
+
+
 def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 320, tied: bool = False,
                      n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
                      head_dim: int | None = None, sliding_window: int = 0,
-                     swa_pattern: int | list[bool] | None = None, seed: int = 0) -> Path:
+                     swa_pattern: int | list[bool] | None = None, seed: int = 0,
+                     tokenizer_of: str | None = None) -> Path:
     """A small GGUF of architecture ``arch`` (llama, qwen2, qwen3, qwen3moe, gemma3) with
     random weights and the metadata keys llama.cpp reads; ``swa_pattern`` writes
-    ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer)."""
+    ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer).
+    Its vocabulary is a SentencePiece one of bytes and made-up pieces (text tokenizes to
+    about a token per character), or with ``tokenizer_of`` the tokenizer of that GGUF file
+    (every ``tokenizer.`` key; its token count must be ``n_vocab``)."""
     import gguf
     import numpy as np
 
@@ -104,13 +123,16 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     if n_expert:
         w.add_expert_count(n_expert)
         w.add_expert_used_count(2)
-    # a SentencePiece vocabulary: <unk> <s> </s>, the bytes, then pieces
-    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    pieces += [f"\u2581w{i}" for i in range(n_vocab - len(pieces))]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(pieces[:n_vocab])
-    w.add_token_scores([-float(i) for i in range(n_vocab)])
-    w.add_token_types(([2, 3, 3] + [6] * 256 + [1] * n_vocab)[:n_vocab])
+    if tokenizer_of is not None:
+        _copy_tokenizer(w, tokenizer_of, n_vocab)
+    else:
+        # a SentencePiece vocabulary: <unk> <s> </s>, the bytes, then pieces
+        pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+        pieces += [f"\u2581w{i}" for i in range(n_vocab - len(pieces))]
+        w.add_tokenizer_model("llama")
+        w.add_token_list(pieces[:n_vocab])
+        w.add_token_scores([-float(i) for i in range(n_vocab)])
+        w.add_token_types(([2, 3, 3] + [6] * 256 + [1] * n_vocab)[:n_vocab])
 
     def matrix(name: str, *shape: int, kind=None) -> None:
         values = rng.standard_normal(shape[::-1]).astype(np.float32) * 0.1
