@@ -4,9 +4,9 @@ The compiled kernels run on OpenMP threads, one per core, and numpy's BLAS (Open
 pool of its own. OpenBLAS's workers spin for a while after each call they share before they
 sleep, so a product that BLAS splits over its pool leaves workers competing with the OpenMP
 threads of the kernels after it. In a mixture of experts the router (F32 weights: 512 rows x
-2048 by 16 experts, once per layer) sat between the integer products, and qwen3moe's
-1B-class 512-token prompt ran at 998 t/s instead of 1859 t/s (2 cores; POLYDEV's
-bench/models.py shape). A product of fewer than ``SMALL_PRODUCT_MACS`` multiply-adds gains
+2048 by 16 experts, once per layer) sat between the integer products, and the 1B-class
+qwen3moe of bench/models.py ran a 512-token prompt at 998 t/s where it runs at 1934 t/s with
+this (2 Zen 4 cores). A product of fewer than ``SMALL_PRODUCT_MACS`` multiply-adds gains
 little from a second thread, so it runs with the pool limited to one, which wakes no worker;
 larger ones (float weights, exact numerics' tiles) keep the pool, where their own speed-up
 outweighs the spin.

@@ -7,9 +7,8 @@ from polydev.ops import GluOp, Op
 
 from polydev.backends.array import KERNELS, TABLE
 
-from .blas import product_macs, sized_for_blas
-
 from .attention import bind_native_flash_attn, native_flash_attn_ok
+from .blas import product_macs, sized_for_blas
 from .get_rows import bind_native_get_rows, native_get_rows_ok
 from .glu import bind_native_glu, native_glu_ok
 from .matmul import bind_native_mul_mat, native_mul_mat_ok

@@ -2,7 +2,7 @@
 
 A decode step normalises one row per layer twice, and as six numpy calls each cost about
 28 µs of call overhead. The compiled kernel is one call and follows ggml's CPU kernel: each
-square in float, summed in double (in eight chains where ggml has one), then
+square in float, summed in double (eight partial sums where ggml has one), then
 x * (1 / sqrt(mean + eps)); a prompt's rows are split over the threads.
 """
 

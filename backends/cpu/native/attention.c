@@ -236,8 +236,10 @@ static inline void softmax_heads(const fa_op *op, int64_t h0, int64_t nh, float 
         for (int64_t j = 0; j < op->Dv; j++) acc[g][j] *= ms;
         S[g] *= ms;
     }
+    /* a head's new maximum weighs 1 exactly, as in ggml (exp8 of inf - inf would be NaN) */
     const __m256 hidden = _mm256_cmp_ps(xv, ninf, _CMP_EQ_OQ);
-    const __m256 w = _mm256_andnot_ps(hidden, exp8(_mm256_sub_ps(xv, top)));
+    const __m256 w = _mm256_andnot_ps(hidden, _mm256_blendv_ps(
+        exp8(_mm256_sub_ps(xv, top)), _mm256_set1_ps(1.0f), _mm256_cmp_ps(xv, top, _CMP_EQ_OQ)));
     _mm256_storeu_ps(M, top);
     _mm256_storeu_ps(S, _mm256_add_ps(_mm256_loadu_ps(S), w));
     _mm256_storeu_ps(vs, w);

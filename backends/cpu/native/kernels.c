@@ -659,10 +659,10 @@ void pd_rope_f32(const pd_tensor *a, const pd_tensor *d, int64_t n_offs, int64_t
         }
 }
 
-/* RMS_NORM of float32 rows, as ggml's CPU kernel: each square in float, summed in double, then
- * y = x * (1 / sqrtf(mean + eps)). The sums run in eight double chains (ggml's one chain of
- * dependent adds took 0.57 ms for a prompt's 512 rows of 2048; a double sum of 2048 float
- * squares is exact to a few ulps whatever the order), and the rows are split over the threads.
+/* RMS_NORM of float32 rows, as ggml's CPU kernel: each square in float, summed in double,
+ * then y = x * (1 / sqrtf(mean + eps)). The sum runs as eight partial sums (ggml's one chain
+ * of dependent adds took 0.57 ms for a prompt's 512 rows of 2048; a double sum of 2048 float
+ * squares is exact to a few ulps in any order), and the rows are split over the threads.
  * Strides in bytes; a and d may be the same memory. */
 #define NORM_THREAD_WORK (1 << 16)  /* values from which RMS_NORM runs threaded */
 
