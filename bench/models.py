@@ -2,9 +2,9 @@
 
 For SmolLM2-135M (Q4_1), gemma-3-270m (Q4_K_M) and, with ``--scale``, random-weight models of
 the 1B class (SCALE_MODELS: TinyLlama's widths in Q4_K, Q4_0, Q5_K and Q6_K, qwen3 in Q8_0, a
-qwen3 mixture of experts in Q4_K; written
-once with gguf.GGUFWriter, the K-quants by polydev's quantizer, with SmolLM2's tokenizer where
-it is installed, into $POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
+qwen3 mixture of experts in Q4_K; written once with gguf.GGUFWriter, the K-quants by
+polydev's quantizer, with SmolLM2's tokenizer where it is installed, into
+$POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
 own), one after the other for each model:
 - polydev t/s / llama.cpp t/s for pp512, pp4096 (one run: a 4096-token prompt in batches of
   512, attention over up to 4096 cells) and tg128 (target 1.0);
