@@ -264,8 +264,8 @@ def polydev_opencl_child(path: str, reps: int) -> dict:
         n_layer = int(f.get(f"{f.get('general.architecture')}.block_count"))
     rng = RandomTokens(0)
     ngl = (n_layer + 1) // 2
-    with load(path, devices=["OpenCL0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as half, \
-            load(path, devices=[], n_ctx=N_CTX, progress=False) as cpu:
+    with (load(path, devices=["OpenCL0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as half,
+          load(path, devices=[], n_ctx=N_CTX, progress=False) as cpu):
         tg, tg_cpu = [], []
         for _ in range(reps):
             tg.append(generation_rate(half, rng))

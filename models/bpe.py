@@ -28,8 +28,8 @@ __all__ = ["ByteLevelBPE", "byte_level_decode"]
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's reversible map of the 256 byte values to printable characters."""
-    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) \
-        | set(range(ord("®"), ord("ÿ") + 1))
+    printable = (set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1))
+                 | set(range(ord("®"), ord("ÿ") + 1)))
     out, extra = [], 0
     for b in range(256):
         if b in printable:

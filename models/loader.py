@@ -115,8 +115,8 @@ def _create_tensors(weights: ModelWeights) -> None:
             tensor_alloc(mapped, t, weights.file.tensors[tp.source].offset)
         else:
             buft = tp.buffer_type
-            contexts.setdefault(id(buft), (buft, Context(f"weights {buft.name}")))[1].tensors \
-                .append(t)
+            _, ctx = contexts.setdefault(id(buft), (buft, Context(f"weights {buft.name}")))
+            ctx.tensors.append(t)
     for buft, ctx in contexts.values():
         buf = alloc_ctx_tensors(ctx, buft)
         if buf is not None:

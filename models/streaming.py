@@ -12,8 +12,8 @@ def _incomplete_tail(data: bytes) -> int:
         byte = data[-back]
         if byte & 0xC0 == 0x80:          # a continuation byte: look further back
             continue
-        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else \
-            4 if byte & 0xF8 == 0xF0 else 1
+        need = (2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0
+                else 4 if byte & 0xF8 == 0xF0 else 1)
         return back if back < need else 0
     return 0
 

@@ -53,8 +53,8 @@ def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = No
 
     def guarded(handler: Callable) -> Callable:
         async def check(request: Request) -> Response:
-            if api_key and request.url.path not in _PUBLIC and \
-                    request.headers.get("authorization") != f"Bearer {api_key}":
+            if (api_key and request.url.path not in _PUBLIC
+                    and request.headers.get("authorization") != f"Bearer {api_key}"):
                 return _error(RequestError("Invalid API key", status=401,
                                            type="authentication_error", code="invalid_api_key"))
             try:

@@ -88,8 +88,8 @@ def _message(m: Any, i: int) -> dict[str, Any]:
     if isinstance(content, list):           # content parts: text only
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or \
-                    not isinstance(part.get("text"), str):
+            if (not isinstance(part, dict) or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)):
                 raise RequestError(f"{param}.content: only text parts are supported",
                                    param=f"{param}.content")
             texts.append(part["text"])
@@ -104,14 +104,14 @@ def _generation(body: dict, prompt, messages, default_max_tokens: int | None) ->
     if _field(body, "n", int, 1) != 1:
         raise RequestError("n must be 1: send several requests, they are batched", param="n")
     max_tokens = _field(body, "max_completion_tokens", int, None)
-    max_tokens = _field(body, "max_tokens", int, default_max_tokens) if max_tokens is None \
-        else max_tokens
+    if max_tokens is None:
+        max_tokens = _field(body, "max_tokens", int, default_max_tokens)
     if max_tokens is not None and max_tokens < 0:
         raise RequestError("max_tokens must be 0 or more", param="max_tokens")
     stops = body.get("stop")
     stops = [] if stops is None else [stops] if isinstance(stops, str) else stops
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) \
-            or len(stops) > _MAX_STOPS:
+    if (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)
+            or len(stops) > _MAX_STOPS):
         raise RequestError(f"stop must be a string or a list of at most {_MAX_STOPS} strings",
                            param="stop")
     options = body.get("stream_options")

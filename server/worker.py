@@ -65,8 +65,8 @@ class ModelWorker:
         thread and close the model."""
         deadline = time.monotonic() + drain_seconds
         engine = self.engine
-        while engine is not None and (engine.processing or engine.queued) \
-                and time.monotonic() < deadline and self._thread.is_alive():
+        while (engine is not None and (engine.processing or engine.queued)
+               and time.monotonic() < deadline and self._thread.is_alive()):
             time.sleep(0.05)
         self._stopping.set()
         if engine is not None:

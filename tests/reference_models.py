@@ -135,8 +135,8 @@ def forward(reader, tokens) -> np.ndarray:
             h = _moe(h, W, p, n_used, arch == "qwen3moe")
         else:
             act = gelu_tanh if gemma else silu
-            h = (act(h @ W[p + "ffn_gate.weight"].T) * (h @ W[p + "ffn_up.weight"].T)) @ \
-                W[p + "ffn_down.weight"].T
+            gated = act(h @ W[p + "ffn_gate.weight"].T) * (h @ W[p + "ffn_up.weight"].T)
+            h = gated @ W[p + "ffn_down.weight"].T
         if gemma:
             h = rms_norm(h, W[p + "post_ffw_norm.weight"], eps)
         x = x + h

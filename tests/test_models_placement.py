@@ -136,8 +136,8 @@ def test_default_split_follows_free_memory(model):
     gpus = [FakeGPU("GPU0", free=1 * GIB), FakeGPU("GPU1", free=3 * GIB)]
     plan = plan_placement(model, devices=gpus)
     assert names(plan) == llama_cpp_layers(N_LAYER, -1, ["GPU0", "GPU1"], [1, 3])
-    assert plan_placement(model, devices=gpus, tensor_split=[0, 0]).layer_devices == \
-        plan.layer_devices
+    split_none = plan_placement(model, devices=gpus, tensor_split=[0, 0])
+    assert split_none.layer_devices == plan.layer_devices
 
 
 def test_split_mode_none_uses_main_gpu(model):

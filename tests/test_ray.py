@@ -78,9 +78,9 @@ def test_buffers_set_get_memset_clear_and_copy_actor_to_actor(remote, rng):
     a = ctx_a.new_tensor(GGMLType.F32, (1000,), "a")
     b = ctx_b.new_tensor(GGMLType.F32, (1000,), "b")
     h = ctx_h.new_tensor(GGMLType.F32, (1000,), "h")
-    with alloc_ctx_tensors(ctx_a, a_dev.buffer_type) as buf_a, \
-            alloc_ctx_tensors(ctx_b, b_dev.buffer_type), \
-            alloc_ctx_tensors(ctx_h, polydev.device("CPU").buffer_type):
+    with (alloc_ctx_tensors(ctx_a, a_dev.buffer_type) as buf_a,
+          alloc_ctx_tensors(ctx_b, b_dev.buffer_type),
+          alloc_ctx_tensors(ctx_h, polydev.device("CPU").buffer_type)):
         a.set_data(values)
         np.testing.assert_array_equal(a.numpy().ravel(), values)
         tensor_memset(a, 0, 8, 8)
@@ -99,9 +99,9 @@ def test_async_copies_and_events_order_two_remote_streams(remote, rng):
     x = ctx_a.new_tensor(GGMLType.F32, (K, 4), "x")
     doubled = ops.scale(ctx_a, x, 2.0)
     y = ctx_b.new_tensor(GGMLType.F32, (K, 4), "y")
-    with alloc_ctx_tensors(ctx_a, a_dev.buffer_type), \
-            alloc_ctx_tensors(ctx_b, b_dev.buffer_type), \
-            a_dev.init_backend() as sa, b_dev.init_backend() as sb:
+    with (alloc_ctx_tensors(ctx_a, a_dev.buffer_type),
+          alloc_ctx_tensors(ctx_b, b_dev.buffer_type),
+          a_dev.init_backend() as sa, b_dev.init_backend() as sb):
         values = rng.standard_normal((4, K)).astype(np.float32)
         sa.set_tensor_async(x, values)
         sa.graph_compute_async(build_graph(doubled))

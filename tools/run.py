@@ -152,8 +152,8 @@ def _print_summary(model) -> None:
     err = sys.stderr
 
     def line(label: str, seconds: float, tokens: int) -> None:
-        per = f" ({seconds * 1e3 / tokens:8.2f} ms per token, {tokens / seconds:8.2f} tokens " \
-              f"per second)" if tokens and seconds else ""
+        per = (f" ({seconds * 1e3 / tokens:8.2f} ms per token, {tokens / seconds:8.2f} tokens "
+               f"per second)" if tokens and seconds else "")
         print(f"polydev: {label:>18} = {seconds * 1e3:10.2f} ms / {tokens:5d} tokens{per}",
               file=err)
 
