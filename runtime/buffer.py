@@ -189,7 +189,7 @@ class Buffer(Resource):
         self._check_open()
         if not overrides(self, Buffer, "_set_from_file"):
             return False
-        _check_range(tensor, 0, data.nbytes, "set_from_file")
+        check_range(tensor, 0, data.nbytes, "set_from_file")
         written = self._set_from_file(tensor, data, path, offset)
         if written:
             self.generation += 1
@@ -356,10 +356,29 @@ def _data_buffer(t: Tensor) -> Buffer:
     return buf
 
 
-def _check_range(t: Tensor, offset: int, size: int, what: str) -> None:
+def check_range(t: Tensor, offset: int, size: int, what: str) -> None:
+    """That ``t`` is allocated in an open buffer and bytes [offset, offset + size) lie within
+    it (ggml asserts both); a typed error naming the tensor otherwise."""
+    _data_buffer(t)
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise InvalidArgumentError(f"{what}: the byte offset must be an integer, got "
+                                   f"{type(offset).__name__}")
     if offset < 0 or size < 0 or offset + size > t.nbytes:
         raise OutOfBoundsError(f"{what} of bytes [{offset}, {offset + size}) is outside tensor "
                                f"{t.name or '<unnamed>'} ({t.nbytes} bytes)")
+
+
+def output_bytes(out, what: str) -> np.ndarray:
+    """``out``, a writable C-contiguous numpy array, as flat uint8 (no copy): where a read
+    lands. A typed error for anything else (a copy would lose what is read into it)."""
+    if not isinstance(out, np.ndarray):
+        raise InvalidArgumentError(f"{what} reads into a numpy array, got {type(out).__name__}")
+    if not out.flags.c_contiguous:
+        raise ShapeError(f"{what} needs a C-contiguous output array, got strides {out.strides}")
+    if not out.flags.writeable:
+        raise InvalidArgumentError(f"{what}: the output array is read-only")
+    return out.reshape(-1).view(np.uint8)
+
 
 
 def as_bytes(data) -> np.ndarray:
@@ -382,7 +401,7 @@ def tensor_set(t: Tensor, data, offset: int = 0) -> None:
     buf = _data_buffer(t)
     if raw.size == 0:
         return
-    _check_range(t, offset, raw.size, "write")
+    check_range(t, offset, raw.size, "write")
     buf._set(t, raw, offset)
     buf.generation += 1
 
@@ -393,7 +412,7 @@ def tensor_get(t: Tensor, offset: int = 0, size: int | None = None,
     buf = _data_buffer(t)
     if size is None:
         size = (out.nbytes if out is not None else t.nbytes - offset)
-    _check_range(t, offset, size, "read")
+    check_range(t, offset, size, "read")
     if out is None:
         out = np.empty(size, dtype=np.uint8)
     elif out.nbytes != size:
@@ -411,7 +430,7 @@ def tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | None = Non
     buf = _data_buffer(t)
     if size is None:
         size = t.nbytes - offset
-    _check_range(t, offset, size, "memset")
+    check_range(t, offset, size, "memset")
     if size:
         buf._memset(t, value & 0xFF, offset, size)
         buf.generation += 1
@@ -423,7 +442,7 @@ def tensor_set_2d(t: Tensor, data, offset: int, size: int, n_copies: int, stride
     raw = as_bytes(data)
     if n_copies <= 0 or size == 0:
         return
-    _check_range(t, offset, (n_copies - 1) * stride_tensor + size, "2-d write")
+    check_range(t, offset, (n_copies - 1) * stride_tensor + size, "2-d write")
     for i in range(n_copies):   # ggml's fallback: one set per row
         tensor_set(t, raw[i * stride_data:i * stride_data + size], offset + i * stride_tensor)
 
@@ -433,10 +452,11 @@ def tensor_get_2d(t: Tensor, out: np.ndarray, offset: int, size: int, n_copies: 
     """Read ``n_copies`` rows of ``size`` bytes into ``out`` (uint8), strided on both sides."""
     if n_copies <= 0 or size == 0:
         return
-    _check_range(t, offset, (n_copies - 1) * stride_tensor + size, "2-d read")
+    check_range(t, offset, (n_copies - 1) * stride_tensor + size, "2-d read")
     flat = out.reshape(-1).view(np.uint8)
     for i in range(n_copies):
-        tensor_get(t, offset + i * stride_tensor, size, flat[i * stride_data:i * stride_data + size])
+        row = flat[i * stride_data:i * stride_data + size]
+        tensor_get(t, offset + i * stride_tensor, size, row)
 
 
 def wrap_host_memory(host) -> np.ndarray:

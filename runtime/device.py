@@ -31,11 +31,18 @@ that ships whole graphs elsewhere) may still override it. ``close()`` calls ``_f
                                                         (device and stream current); none
            _graph_plan_create/_compute/_free  derived   bind every node once, replay the calls
            _graph_compute(graph)              derived   one plan, made and replayed
-           _set_tensor_async(t, data, offset) optional  caps.async_, with _get_tensor_async;
-           _get_tensor_async(t, out, offset)            else synchronize + a blocking copy
+           _set_tensor_async(t, raw, offset)  optional  caps.async_, with _get_tensor_async and
+           _get_tensor_async(t, out, offset)            _holds_memory_of: one enqueue each, of
+           _holds_memory_of(t)                          checked bytes; what they return is kept
+                                                        alive until synchronize; else (and for
+                                                        memory the stream does not hold)
+                                                        synchronize + a blocking copy
            _cpy_tensor_async(src_be, src, dst) optional may decline (False); else both streams
                                                         synchronize, then tensor_copy
            _synchronize()                     optional  nothing (a synchronous stream)
+           kernel_errors, _read_error_flags() optional  None: kernels that cannot raise set
+                                                        flags (polydev.inflight), raised at
+                                                        synchronize
            _event_record(e), _event_wait(e)   required  where the device has _event_new; only
                                                         for events of the same reg (the host
                                                         waits for any other)
@@ -53,10 +60,12 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import numpy as np
 
-from .buffer import Buffer, BufferType, tensor_copy, tensor_get, tensor_set
+from .buffer import (Buffer, BufferType, as_bytes, check_range, output_bytes, tensor_copy,
+                     tensor_get, tensor_set)
 from .errors import (ClosedError, InvalidArgumentError, NotAllocatedError, ShapeError,
                      UnsupportedError, UnsupportedOpError)
 from .hooks import overrides
+from .inflight import HostKeepAlive, KernelErrorFlags
 from .lifetime import Resource
 from .ops import VIEW_OPS, Op, op_desc
 from .tensor import Tensor
@@ -250,17 +259,27 @@ class Backend(Resource):
     """An execution stream bound to one device; a context manager (``close()`` waits for its
     work and releases it)."""
 
+    # Errors its kernels report through flags in device memory; a backend whose kernels do
+    # sets one and overrides _read_error_flags.
+    kernel_errors: KernelErrorFlags | None = None
+
     def __init__(self, device: Device, name: str | None = None) -> None:
         self.device = device
         self.name = name or device.name
+        self.in_flight = HostKeepAlive()     # host memory of queued transfers
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        for pair in (("_set_tensor_async", "_get_tensor_async"),
-                     ("_event_record", "_event_wait")):
-            if overrides(cls, Backend, pair[0]) != overrides(cls, Backend, pair[1]):
-                raise TypeError(f"{cls.__name__} must override both {pair[0]} and {pair[1]}, "
-                                f"or neither")
+        for hooks in (("_set_tensor_async", "_get_tensor_async", "_holds_memory_of"),
+                      ("_event_record", "_event_wait")):
+            if len({overrides(cls, Backend, hook) for hook in hooks}) > 1:
+                raise TypeError(f"{cls.__name__} must override {', '.join(hooks[:-1])} and "
+                                f"{hooks[-1]} together, or none of them")
+
+    def close(self) -> None:
+        """Wait for the stream's work and release it (and the host memory it held)."""
+        super().close()
+        self.in_flight.release()
 
     # --- memory shortcuts on the default buffer type -----------------------------------------
 
@@ -286,27 +305,45 @@ class Backend(Resource):
     # --- async data movement ------------------------------------------------------------------
 
     def set_tensor_async(self, t: Tensor, data, offset: int = 0) -> None:
-        """Queue a write of raw bytes; ``data`` must stay unchanged until the stream syncs."""
+        """Queue a write of raw bytes (any buffer-protocol object) into ``t`` at byte
+        ``offset``. The stream keeps ``data`` alive, but it must stay unchanged until the
+        stream synchronizes. Memory this stream cannot reach asynchronously (another device's,
+        or any on a stream without async transfers) is written after a synchronize."""
         self._check_open()
-        if not overrides(self, Backend, "_set_tensor_async"):
-            self.synchronize()
-            tensor_set(t, data, offset)
+        raw = as_bytes(data)
+        check_range(t, offset, raw.size, "set_tensor_async")
+        if raw.size == 0:
             return
-        self._set_tensor_async(t, data, offset)
+        if not self._holds_memory_of(t):
+            self.synchronize()
+            tensor_set(t, raw, offset)
+            return
+        self.in_flight.hold(raw, self._set_tensor_async(t, raw, offset))
+        t.buffer.mark_modified()
 
     def get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int = 0) -> None:
-        """Queue a read into ``out``; valid after ``synchronize()``."""
+        """Queue a read of ``t``'s bytes from ``offset`` into ``out`` (a writable C-contiguous
+        array, as many bytes as it holds); ``out`` holds them after ``synchronize()``."""
         self._check_open()
-        if not overrides(self, Backend, "_get_tensor_async"):
-            self.synchronize()
-            tensor_get(t, offset, out.nbytes, out)
+        target = output_bytes(out, "get_tensor_async")
+        check_range(t, offset, target.size, "get_tensor_async")
+        if target.size == 0:
             return
-        self._get_tensor_async(t, out, offset)
+        if not self._holds_memory_of(t):
+            self.synchronize()
+            tensor_get(t, offset, target.size, target)
+            return
+        self.in_flight.hold(out, self._get_tensor_async(t, target, offset))
 
     def synchronize(self) -> None:
-        """Wait until everything queued on this stream has finished."""
+        """Wait until everything queued on this stream has finished; raise what its kernels
+        reported meanwhile (an index out of range), naming the op and the tensor."""
         self._check_open()
         self._synchronize()
+        self.in_flight.release()
+        errors = self.kernel_errors
+        if errors is not None and errors.pending:
+            errors.raise_reported(self._read_error_flags())
 
     # --- compute ----------------------------------------------------------------------------
 
@@ -445,10 +482,22 @@ class Backend(Resource):
     def _graph_compute(self, graph: "Graph") -> None:
         self._graph_plan_compute(self._graph_plan_create(graph))
 
-    def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
+    def _holds_memory_of(self, t: Tensor) -> bool:
+        """Whether ``t``'s memory is this stream's to copy to and from asynchronously."""
+        return False
+
+    def _set_tensor_async(self, t: Tensor, raw: np.ndarray, offset: int) -> Any:
+        """Enqueue the write of ``raw`` (flat uint8, range checked); return anything that must
+        live until the stream passes it (an event that pins the memory), or None."""
         raise NotImplementedError
 
-    def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
+    def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> Any:
+        """Enqueue the read into ``out`` (flat writable uint8, range checked); as above."""
+        raise NotImplementedError
+
+    def _read_error_flags(self) -> np.ndarray:
+        """The kernel error flags (int32, one per slot of ``kernel_errors``), zeroed after the
+        read; called after ``_synchronize`` when a checking kernel ran."""
         raise NotImplementedError
 
     def _cpy_tensor_async(self, backend_src: "Backend", src: Tensor, dst: Tensor) -> bool:

@@ -14,6 +14,8 @@ import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph
 from polydev.types import type_from_numpy
 
+from needs import device_params
+
 
 # No property test has a time limit a loaded 2-core machine cannot keep: hypothesis's default
 # deadline (200 ms an example) and its too-slow health check are wall-clock limits.
@@ -68,15 +70,7 @@ def assert_close(out: np.ndarray, ref: np.ndarray, max_nmse: float = 1e-7) -> No
     assert err <= max_nmse, f"NMSE {err:.3e} > {max_nmse:.0e}"
 
 
-def _device_param(device) -> object:
-    """A device as a fixture parameter, marked with its vendor's marker (``-m cuda`` runs the
-    per-device suite on the GPUs alone)."""
-    reg = device.reg.name.lower() if device.reg is not None else ""
-    marks = [getattr(pytest.mark, reg)] if reg in ("cuda", "opencl") else []
-    return pytest.param(device.name, marks=marks, id=device.name)
-
-
-@pytest.fixture(params=[_device_param(d) for d in polydev.devices()])
+@pytest.fixture(params=device_params())
 def backend(request):
     """A backend on every registered device (each backend runs the same tests)."""
     with polydev.init_backend(request.param) as b:

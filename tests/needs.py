@@ -65,3 +65,14 @@ def opencl_mark(count: int = 1) -> pytest.MarkDecorator:
     return pytest.mark.skipif(lacking, reason=f"needs {count} OpenCL device(s), this machine "
                               f"has {len(OPENCL)} (pip install -e '.[opencl]'; "
                               f"POCL_DEVICES=\"pthread pthread\" gives two)")
+
+
+def device_params() -> list:
+    """Every registered device as a fixture parameter, marked with its vendor's marker (``-m
+    cuda`` runs the per-device suite on the GPUs alone)."""
+    params = []
+    for device in polydev.devices():
+        reg = device.reg.name.lower() if device.reg is not None else ""
+        marks = [getattr(pytest.mark, reg)] if reg in ("cuda", "opencl") else []
+        params.append(pytest.param(device.name, marks=marks, id=device.name))
+    return params

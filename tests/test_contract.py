@@ -15,8 +15,10 @@ from polydev import (Backend, BufferType, BufferUsage, Context, Device, Event, G
                      build_graph, ops, tensor_copy_async)
 from polydev.errors import (ClosedError, InvalidArgumentError, NotAllocatedError, ShapeError,
                             TensorTypeError, UnsupportedError)
+from polydev.inflight import KernelErrorFlags
 
-from needs import opencl_mark
+import transfer_checks
+from needs import device_params, opencl_mark
 
 needs_opencl = opencl_mark()
 
@@ -125,7 +127,8 @@ def test_the_optional_hooks_fall_back_as_ggml_does(rng):
 
 
 def test_a_backend_must_override_both_hooks_of_a_pair():
-    with pytest.raises(TypeError, match="_set_tensor_async and _get_tensor_async"):
+    with pytest.raises(TypeError,
+                       match="_set_tensor_async, _get_tensor_async and _holds_memory_of"):
         class _HalfAsync(Backend):
             def _set_tensor_async(self, t, data, offset):
                 pass
@@ -332,3 +335,103 @@ def test_an_unknown_name_and_a_non_name_are_typed_errors():
     with pytest.raises(InvalidArgumentError):
         polydev.init_backend(3)
 
+
+
+# --- async transfers: the wrappers own the checks, on every backend ----------------------------
+
+@pytest.fixture(params=[*device_params(), "minimal"])
+def stream(request):
+    """A stream of every registered device and of the minimal backend above: every one must
+    keep the transfer contract."""
+    device = _MinimalDevice() if request.param == "minimal" else polydev.device(request.param)
+    with device.init_backend() as b:
+        yield b
+
+
+def test_async_round_trips_keep_the_host_memory_alive(stream, rng):
+    transfer_checks.check_round_trips_keep_host_memory_alive(
+        stream, stream.device.buffer_type, rng)
+
+
+def test_bad_async_transfers_are_typed_errors_that_change_nothing(stream):
+    transfer_checks.check_bad_transfers_are_typed_and_change_nothing(
+        stream, stream.device.buffer_type)
+
+
+def test_async_transfers_of_unallocated_closed_and_foreign_memory(stream):
+    transfer_checks.check_unallocated_closed_and_foreign_memory(
+        stream, stream.device.buffer_type, polydev.device("CPU").buffer_type)
+
+
+def test_a_closed_stream_refuses_transfers(stream):
+    transfer_checks.check_a_closed_stream_refuses_transfers(stream, stream.device.buffer_type)
+
+
+# --- errors kernels report later ---------------------------------------------------------------
+
+class _FlagBackend(_MinimalBackend):
+    """A backend whose kernels report bad indices through flags, as GPU kernels do: its NEG
+    kernel sets its node's flag when the input's first value is negative."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self.kernel_errors = KernelErrorFlags(self.name, n_slots=4)
+        self.flags = np.zeros(4, np.int32)
+
+    def bind(self, node):
+        compute, slot = super().bind(node), self.kernel_errors.slot(node)
+        errors = self.kernel_errors
+
+        def call():
+            compute()
+            if node.src[0].numpy().ravel()[0] < 0:
+                self.flags[slot] = 1
+            errors.launched()
+        return call
+
+    def _read_error_flags(self):
+        flags, self.flags = self.flags, np.zeros(4, np.int32)
+        return flags
+
+
+class _FlagDevice(_MinimalDevice):
+    backend_class = _FlagBackend
+
+
+def test_a_kernel_error_is_raised_at_synchronize_naming_the_op_and_tensor():
+    ctx = Context()
+    a = ctx.new_tensor_1d(GGMLType.F32, 8, "a")
+    first = ops.neg(ctx, a)
+    first.name = "first"
+    second = ops.neg(ctx, first)
+    second.name = "second"
+    with _FlagDevice().init_backend() as b, alloc_ctx_tensors(ctx, b.device.buffer_type):
+        graph = build_graph(second)
+        a.set_data(np.ones(8, np.float32))
+        b.graph_compute_async(graph)
+        with pytest.raises(polydev.errors.OutOfBoundsError,
+                           match=r"Minimal0: an index outside its tensor in NEG 'second'"):
+            b.synchronize()
+        b.synchronize()                          # raised once: the flags were read and zeroed
+        a.set_data(-np.ones(8, np.float32))
+        with pytest.raises(polydev.errors.OutOfBoundsError, match="in NEG 'first':"):
+            b.graph_compute(graph)
+        a.set_data(np.ones(8, np.float32))
+        with pytest.raises(polydev.errors.OutOfBoundsError, match="in NEG 'second':"):
+            b.graph_compute(graph)
+
+
+def test_kernel_error_slots_are_stable_and_shared_past_their_number():
+    errors = KernelErrorFlags("S0", n_slots=2)
+    ctx = Context()
+    a = ctx.new_tensor_1d(GGMLType.F32, 8, "a")
+    nodes = [ops.neg(ctx, a) for _ in range(3)]
+    for i, n in enumerate(nodes):
+        n.name = f"n{i}"
+    assert [errors.slot(n) for n in nodes] == [0, 1, 0]
+    assert errors.slot(nodes[1]) == 1                   # bound again: the same slot
+    errors.launched()
+    with pytest.raises(polydev.errors.OutOfBoundsError, match="NEG 'n0' or NEG 'n2'"):
+        errors.raise_reported(np.array([1, 0], np.int32))
+    assert not errors.pending
+    errors.raise_reported(np.zeros(2, np.int32))        # nothing set: nothing raised

@@ -23,6 +23,7 @@ from polydev.buffer import tensor_memset  # noqa: E402
 from polydev.errors import OutOfBoundsError, RemoteDeviceError  # noqa: E402
 from polydev.sched import Scheduler  # noqa: E402
 
+import transfer_checks  # noqa: E402
 from model_files import FIXTURES, SMOLLM2, model_path  # noqa: E402
 from needs import missing  # noqa: E402
 
@@ -114,6 +115,16 @@ def test_async_copies_and_events_order_two_remote_streams(remote, rng):
         sb.synchronize()
         np.testing.assert_array_equal(out, 2 * values)
         event.close()
+
+
+def test_async_transfers_keep_the_contract_on_a_remote_device(remote, rng):
+    """The checks and fallbacks of tests/transfer_checks.py, on the actor's stream."""
+    device, host = remote[0], polydev.device("CPU").buffer_type
+    with device.init_backend() as b:
+        transfer_checks.check_round_trips_keep_host_memory_alive(b, device.buffer_type, rng)
+        transfer_checks.check_bad_transfers_are_typed_and_change_nothing(b, device.buffer_type)
+        transfer_checks.check_unallocated_closed_and_foreign_memory(b, device.buffer_type, host)
+        transfer_checks.check_a_closed_stream_refuses_transfers(b, device.buffer_type)
 
 
 def test_a_remote_error_is_raised_as_the_same_polydev_error(remote):

@@ -9,13 +9,12 @@ destination's stream waits for an event recorded after it.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
-from polydev.buffer import as_bytes, tensor_get, tensor_set
 from polydev.device import Backend, Event
-from polydev.errors import OutOfBoundsError
+from polydev.inflight import KernelErrorFlags
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 from polydev.tensor import Tensor
 
@@ -52,13 +51,11 @@ class CUDABackend(Backend):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.copy_event = cupy.cuda.Event(disable_timing=True)
             with self.stream:      # zeroed on this stream: ordered before every kernel of it
-                # set by GET_ROWS, SET_ROWS and MUL_MAT_ID kernels that meet an index out
-                # of range
-                self._bad_index = cupy.zeros(1, dtype=np.int32)
-        self.bad_index = np.uint64(self._bad_index.data.ptr)
-        self.index_check_pending = False
+                # a slot each, set by GET_ROWS, SET_ROWS and MUL_MAT_ID kernels that meet an
+                # index out of range
+                self._error_flags = cupy.zeros(KernelErrorFlags.N_SLOTS, dtype=np.int32)
+        self.kernel_errors = KernelErrorFlags(self.name)
         self.env = CupyEnv(self, cupy)
-        self._in_flight: list[Any] = []      # host arrays of async transfers, until synchronize
         self.numerics = DEFAULT_NUMERICS
 
     def set_numerics(self, numerics: str) -> None:
@@ -81,6 +78,10 @@ class CUDABackend(Backend):
     def address(self, t: Tensor) -> int:
         return t.buffer.ptr + t.offset
 
+    def error_flag(self, node: Tensor) -> np.uint64:
+        """The int* that ``node``'s kernel sets when it meets an index out of range."""
+        return np.uint64(self._error_flags.data.ptr + 4 * self.kernel_errors.slot(node))
+
     def kernel(self, name: str) -> Callable[[Sequence[int], Sequence[int], list], None]:
         """A call launching kernel ``name`` on this stream now (grid, block, args)."""
         fn, stream = self.device.programs.function(name), self.stream
@@ -92,11 +93,13 @@ class CUDABackend(Backend):
             return lambda: None
         fn, stream = self.device.programs.function(name), self.stream
         grid, block = tuple(int(g) for g in grid), tuple(int(b) for b in block)
+        if not checks_indices:
+            return lambda: fn(grid, block, args, stream=stream)
+        errors = self.kernel_errors
 
         def call() -> None:
             fn(grid, block, args, stream=stream)
-            if checks_indices:          # the flag is read when the backend synchronizes
-                self.index_check_pending = True
+            errors.launched()           # its flag is read when the backend synchronizes
         return call
 
     # --- data movement --------------------------------------------------------------------------
@@ -105,29 +108,18 @@ class CUDABackend(Backend):
         buf = t.buffer
         return buf if isinstance(buf, CUDABuffer) and buf.device is self.device else None
 
-    def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
-        buf = self._device_buffer(t)
-        if buf is None:                     # memory of another kind: the blocking path
-            self.synchronize()
-            tensor_set(t, data, offset)
-            return
-        raw = as_bytes(data)
+    def _holds_memory_of(self, t: Tensor) -> bool:
+        return self._device_buffer(t) is not None
+
+    def _set_tensor_async(self, t: Tensor, raw: np.ndarray, offset: int) -> None:
         with self.cupy.cuda.Device(self.device.index):
-            (buf.memptr + t.offset + offset).copy_from_host_async(raw.ctypes.data, raw.nbytes,
-                                                                  self.stream)
-        self._in_flight.append(raw)
-        buf.mark_modified()
+            (t.buffer.memptr + t.offset + offset).copy_from_host_async(
+                raw.ctypes.data, raw.nbytes, self.stream)
 
     def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        buf = self._device_buffer(t)
-        if buf is None:
-            self.synchronize()
-            tensor_get(t, offset, out.nbytes, out)
-            return
         with self.cupy.cuda.Device(self.device.index):
-            (buf.memptr + t.offset + offset).copy_to_host_async(out.ctypes.data, out.nbytes,
-                                                                self.stream)
-        self._in_flight.append(out)
+            (t.buffer.memptr + t.offset + offset).copy_to_host_async(
+                out.ctypes.data, out.nbytes, self.stream)
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
         """GPU to GPU (ggml's protocol): the copy runs on the source's stream after its work;
@@ -156,23 +148,14 @@ class CUDABackend(Backend):
 
     def _synchronize(self) -> None:
         self.stream.synchronize()
-        self._in_flight.clear()
-        if self.index_check_pending:
-            self._raise_on_bad_index()
 
-    def _raise_on_bad_index(self) -> None:
-        """Kernels cannot raise: a bad row or expert index sets a flag, read here."""
-        self.index_check_pending = False
+    def _read_error_flags(self) -> np.ndarray:
         with self.on_stream():
-            flag = int(self._bad_index.get()[0])
-            if flag:
-                self._bad_index.fill(0)
+            flags = self._error_flags.get()
+            if flags.any():
+                self._error_flags.fill(0)
                 self.stream.synchronize()
-        if flag:
-            raise OutOfBoundsError(
-                f"{self.name}: a GET_ROWS or MUL_MAT_ID index (or a SET_ROWS one) was outside "
-                f"its tensor; the rows a GET_ROWS or MUL_MAT_ID named hold NaN, a SET_ROWS "
-                f"wrote nothing there")
+        return flags
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -185,5 +168,4 @@ class CUDABackend(Backend):
 
     def _free(self) -> None:
         self.stream.synchronize()
-        self._in_flight.clear()
-        self._bad_index = None
+        self._error_flags = None

@@ -46,10 +46,11 @@ NORM_KINDS = {Op.NORM: 0, Op.RMS_NORM: 1, Op.L2_NORM: 2}
 class Launcher(Protocol):
     """Where bound kernels run: the CUDA backend, or the CPU emulation in the tests."""
 
-    bad_index: Any      # the int* kernels set when they meet an index out of range
-
     def address(self, t: Tensor) -> int:
         """The address of ``t``'s first byte, as the kernels see it."""
+
+    def error_flag(self, node: Tensor) -> Any:
+        """The int* that ``node``'s kernel sets when it meets an index out of range."""
 
     def launch(self, name: str, grid: Sequence[int], block: Sequence[int], args: list,
                checks_indices: bool = False) -> Callable[[], None]:
@@ -151,7 +152,7 @@ def bind_mul_mat_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
 def bind_mul_mat_id_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     a, b, ids = node.src[0], node.src[1], node.src[2]
     args = (tensor_args(launcher, a) + tensor_args(launcher, b) + tensor_args(launcher, ids)
-        + tensor_args(launcher, node) + [launcher.bad_index])
+        + tensor_args(launcher, node) + [launcher.error_flag(node)])
     grid = (math.ceil(a.ne[1] / MAT_VEC_ROWS_PER_BLOCK), node.ne[1] * node.ne[2])
     return launcher.launch(f"mul_mat_id_vec_{ROW_TYPE_NAMES[a.type]}", grid,
                            (32, MAT_VEC_ROWS_PER_BLOCK), args, checks_indices=True)
@@ -160,7 +161,7 @@ def bind_mul_mat_id_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
 def bind_get_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     a, idx = node.src[0], node.src[1]
     args = (tensor_args(launcher, a) + tensor_args(launcher, idx) + tensor_args(launcher, node)
-        + [launcher.bad_index])
+        + [launcher.error_flag(node)])
     block = (_warps(math.ceil(a.ne[0] / 32), 128),)
     grid = (idx.ne[0], idx.ne[1] * idx.ne[2])
     return launcher.launch(f"get_rows_{ROW_TYPE_NAMES[a.type]}", grid, block, args,
@@ -195,7 +196,7 @@ def bind_set_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     src, idx = node.src[0], node.src[1]
     args = (tensor_args(launcher, src) + tensor_args(launcher, idx) + tensor_args(launcher, node)
         + [np.int32(src.type == F16), np.int32(SET_ROWS_KINDS[node.type]),
-           np.int32(idx.type == GGMLType.I64), launcher.bad_index])
+           np.int32(idx.type == GGMLType.I64), launcher.error_flag(node)])
     block = (_warps(src.ne[0], 256),)
     return launcher.launch("set_rows", (src.ne[1], src.ne[2], src.ne[3]), block, args,
                            checks_indices=True)

@@ -1,8 +1,9 @@
 """The OpenCL backend: an in-order command queue, its graph plans, async copies and events.
 
-Async reads and writes are non-blocking enqueues whose host memory pyopencl keeps alive until
-they finish; a copy between two devices of one context runs on the source's queue and the
-destination's queue waits for it with a barrier; events are markers.
+Async reads and writes are non-blocking enqueues; their events (which pin the host memory,
+and whose deletion waits for them) live in the stream's keep-alive until it synchronizes. A
+copy between two devices of one context runs on the source's queue and the destination's queue
+waits for it with a barrier; events are markers.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from polydev.buffer import as_bytes, tensor_get, tensor_set
 from polydev.device import Backend, Event
-from polydev.errors import OutOfBoundsError
+from polydev.inflight import KernelErrorFlags
 from polydev.tensor import Tensor
 
 from .buffer import cl_memory
@@ -45,39 +45,39 @@ class OpenCLBackend(Backend):
         super().__init__(device)
         cl = device.cl
         self.queue = cl.CommandQueue(device.platform.context, device.cl_device)
-        self._in_flight: list = []      # events of async transfers (they pin host memory)
-        # set by GET_ROWS, SET_ROWS and MUL_MAT_ID kernels that meet an index out of range
-        self.bad_index = cl.Buffer(device.platform.context,
-                                   cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                                   hostbuf=np.zeros(1, np.int32))
-        self.index_check_pending = False
+        # A slot each for GET_ROWS, SET_ROWS and MUL_MAT_ID kernels, set when they meet an
+        # index out of range; a kernel gets its slot as a sub-buffer, whose origin OpenCL
+        # wants aligned to the device's base address alignment.
+        self.kernel_errors = KernelErrorFlags(self.name)
+        self._flag_stride = max(4, device.cl_device.mem_base_addr_align // 8)
+        self._error_flags = cl.Buffer(
+            device.platform.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+            hostbuf=np.zeros(self.kernel_errors.n_slots * self._flag_stride // 4, np.int32))
+        self._flag_slots: dict[int, object] = {}
         device.platform.track(self)
+
+    def error_flag(self, node: Tensor):
+        """The int buffer that ``node``'s kernel sets when it meets an index out of range."""
+        slot = self.kernel_errors.slot(node)
+        if slot not in self._flag_slots:
+            self._flag_slots[slot] = self._error_flags.get_sub_region(slot * self._flag_stride, 4)
+        return self._flag_slots[slot]
 
     # --- data movement --------------------------------------------------------------------------
 
     def _cl_buffer(self, t: Tensor):
         return cl_memory(t.buffer, self.device.platform)
 
-    def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
-        target = self._cl_buffer(t)
-        if target is None:                  # memory of another kind: the blocking path
-            self.synchronize()
-            tensor_set(t, data, offset)
-            return
-        raw = as_bytes(data)
-        self._in_flight.append(self.device.cl.enqueue_copy(
-            self.queue, target, raw, dst_offset=t.offset + offset, is_blocking=False))
-        t.buffer.mark_modified()
+    def _holds_memory_of(self, t: Tensor) -> bool:
+        return self._cl_buffer(t) is not None
 
-    def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        source = self._cl_buffer(t)
-        if source is None:
-            self.synchronize()
-            tensor_get(t, offset, out.nbytes, out)
-            return
-        self._in_flight.append(self.device.cl.enqueue_copy(
-            self.queue, out.reshape(-1).view(np.uint8), source, src_offset=t.offset + offset,
-            is_blocking=False))
+    def _set_tensor_async(self, t: Tensor, raw: np.ndarray, offset: int):
+        return self.device.cl.enqueue_copy(self.queue, self._cl_buffer(t), raw,
+                                           dst_offset=t.offset + offset, is_blocking=False)
+
+    def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int):
+        return self.device.cl.enqueue_copy(self.queue, out, self._cl_buffer(t),
+                                           src_offset=t.offset + offset, is_blocking=False)
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
         """Device to device within one context: the copy runs on the source's queue, after
@@ -101,20 +101,15 @@ class OpenCLBackend(Backend):
 
     def _synchronize(self) -> None:
         self.queue.finish()
-        self._in_flight.clear()
-        if self.index_check_pending:
-            self._raise_on_bad_index()
 
-    def _raise_on_bad_index(self) -> None:
-        """Kernels cannot raise: a bad row or expert index sets a flag, read here."""
-        self.index_check_pending = False
-        cl, flag = self.device.cl, np.zeros(1, np.int32)
-        cl.enqueue_copy(self.queue, flag, self.bad_index, is_blocking=True)
-        if flag[0]:
-            cl.enqueue_fill_buffer(self.queue, self.bad_index, np.int32(0), 0, 4).wait()
-            raise OutOfBoundsError(
-                f"{self.name}: a GET_ROWS, SET_ROWS or MUL_MAT_ID index was outside its "
-                f"tensor; the rows it named hold NaN (reads) or were not written (writes)")
+    def _read_error_flags(self) -> np.ndarray:
+        cl, stride = self.device.cl, self._flag_stride // 4
+        flags = np.zeros(self.kernel_errors.n_slots * stride, np.int32)
+        cl.enqueue_copy(self.queue, flags, self._error_flags, is_blocking=True)
+        if flags.any():
+            cl.enqueue_fill_buffer(self.queue, self._error_flags, np.int32(0), 0,
+                                   flags.nbytes).wait()
+        return flags[::stride]
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -131,5 +126,6 @@ class OpenCLBackend(Backend):
 
     def _free(self) -> None:
         self.queue.finish()
-        self._in_flight.clear()
-        self.bad_index.release()
+        for flag in self._flag_slots.values():
+            flag.release()
+        self._error_flags.release()

@@ -53,8 +53,8 @@ class _Launch:
 
     def __call__(self) -> None:
         self.enqueue(self.queue, self.kernel, self.global_size, self.local_size)
-        if self.checks_indices:          # the flag is read when the backend synchronizes
-            self.backend.index_check_pending = True
+        if self.checks_indices:          # its flag is read when the backend synchronizes
+            self.backend.kernel_errors.launched()
 
 
 def _launch(backend: "OpenCLBackend", kernel: Any, args: list, global_size, local_size=None,
@@ -236,7 +236,7 @@ def bind_get_rows(backend, node: Tensor) -> Callable[[], None]:
         defines["QUANT_T"] = QUANT_NAMES[src.type]
     k = backend.device.programs.kernel("rows", name, **defines)
     args = (tensor_args(backend, src) + tensor_args(backend, idx) + tensor_args(backend, node)
-        + [backend.bad_index])
+        + [backend.error_flag(node)])
     return _launch(backend, k, args, (node.ne[0], idx.ne[0], idx.ne[1] * idx.ne[2]),
                    checks_indices=True)
 
@@ -246,7 +246,7 @@ def bind_set_rows(backend, node: Tensor) -> Callable[[], None]:
     defines = _type_defines(node, rows)
     defines["IDX_T"] = "long" if idx.type == I64 else "int"
     args = (tensor_args(backend, rows) + tensor_args(backend, idx) + tensor_args(backend, node)
-        + [backend.bad_index])
+        + [backend.error_flag(node)])
     grid = (rows.ne[0], rows.ne[1], rows.ne[2] * rows.ne[3])
     if node.type in ENCODABLE:           # one work-item per block of a row
         k = backend.device.programs.kernel("quantize", "set_rows_blocks", **defines,
@@ -303,7 +303,7 @@ def bind_mul_mat_id(backend, node: Tensor) -> Callable[[], None]:
     ls = backend.device.row_group_size
     k = backend.device.programs.kernel("mul_mat", "mul_mat_id_vec", **defines)
     args = ([a for t in (experts, b, ids, node) for a in tensor_args(backend, t)]
-        + [backend.bad_index])
+        + [backend.error_flag(node)])
     return _launch(backend, k, args, (ls, experts.ne[1], node.ne[1] * node.ne[2]), (ls, 1, 1),
                    checks_indices=True)
 

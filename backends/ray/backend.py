@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polydev.buffer import as_bytes, host_bytes, tensor_get, tensor_set
+from polydev.buffer import host_bytes
 from polydev.device import Backend, Event, GraphPlan
 from polydev.errors import RemoteDeviceError
 from polydev.ops import VIEW_OPS, Op
@@ -68,24 +68,17 @@ class RayBackend(Backend):
 
     # --- data movement --------------------------------------------------------------------------
 
-    def _set_tensor_async(self, t: Tensor, data, offset: int) -> None:
-        buffer_id = self._remote_id(t)
-        if buffer_id is None:                 # memory of another kind: the blocking path
-            self.synchronize()
-            tensor_set(t, data, offset)
-            return
-        # Ray serialises the bytes when the call is made, so ``data`` may change afterwards
-        self._submit(self.actor.write.remote(buffer_id, t.offset + offset, as_bytes(data),
+    def _holds_memory_of(self, t: Tensor) -> bool:
+        return self._remote_id(t) is not None
+
+    def _set_tensor_async(self, t: Tensor, raw: np.ndarray, offset: int) -> None:
+        # Ray serialises the bytes when the call is made, so they may change afterwards
+        self._submit(self.actor.write.remote(self._remote_id(t), t.offset + offset, raw,
                                              *self._after()))
 
     def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        buffer_id = self._remote_id(t)
-        if buffer_id is None:
-            self.synchronize()
-            tensor_get(t, offset, out.nbytes, out)
-            return
-        ref = self._submit(self.actor.read.remote(buffer_id, t.offset + offset, out.nbytes,
-                                                  *self._after()))
+        ref = self._submit(self.actor.read.remote(self._remote_id(t), t.offset + offset,
+                                                  out.nbytes, *self._after()))
         self._reads[ref] = out
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
@@ -120,7 +113,7 @@ class RayBackend(Backend):
         for ref, result in zip(pending, results):
             out = reads.get(ref)
             if out is not None:
-                out.reshape(-1).view(np.uint8)[:] = result
+                out[:] = result
 
     # --- compute --------------------------------------------------------------------------------
 

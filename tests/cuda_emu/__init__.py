@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from polydev.inflight import KernelErrorFlags
 from polydev.tensor import Tensor
 
 EMU_HEADER = Path(__file__).with_name("emu.h")
@@ -59,11 +60,14 @@ class EmuLauncher:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
-        self.flag = np.zeros(1, np.int32)
-        self.bad_index = np.uint64(self.flag.ctypes.data)
+        self.kernel_errors = KernelErrorFlags("emulated CUDA")
+        self.flags = np.zeros(self.kernel_errors.n_slots, np.int32)
 
     def address(self, t: Tensor) -> int:
         return t.buffer.host_array.ctypes.data + t.offset
+
+    def error_flag(self, node: Tensor) -> np.uint64:
+        return np.uint64(self.flags.ctypes.data + 4 * self.kernel_errors.slot(node))
 
     def launch(self, name: str, grid: Sequence[int], block: Sequence[int], args: list,
                checks_indices: bool = False) -> Callable[[], None]:
@@ -74,8 +78,12 @@ class EmuLauncher:
         cells = [np.array([a]) for a in args]
         pointers = (ctypes.c_void_p * len(args))(*[c.ctypes.data for c in cells])
 
+        errors = self.kernel_errors
+
         def call() -> None:
             if min(tuple(grid)) > 0:
                 fn(g, b, pointers)
+                if checks_indices:
+                    errors.launched()
         call.keep = (cells, pointers, g, b)      # alive as long as the call
         return call
