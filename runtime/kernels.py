@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping
 
-from .ops import VIEW_OPS, GluOp, Op, UnaryOp
+from .ops import VIEW_OPS, GluParams, Op, UnaryParams
 from .tensor import Tensor
 
 __all__ = ["Kernel", "KernelTable", "kernel_key", "key_name"]
@@ -34,9 +34,9 @@ class Kernel:
 def kernel_key(node: Tensor) -> Hashable:
     """The table key of ``node``: its op, or (op, function) for UNARY and GLU."""
     if node.op == Op.UNARY:
-        return (Op.UNARY, UnaryOp(node.op_params[0]))
+        return (Op.UNARY, UnaryParams.of(node).fn)
     if node.op == Op.GLU:
-        return (Op.GLU, GluOp(node.op_params[0]))
+        return (Op.GLU, GluParams.of(node).fn)
     return node.op
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from polydev.ops import alibi_slopes
+from polydev.ops import FlashAttnParams, FlashAttnSources, alibi_slopes
 from polydev.tensor import Tensor
 
 from .env import needs_codec, values_of
@@ -44,10 +44,9 @@ def _mask_by_head(xp, mask, n_seq: int, n_head_kv: int, group: int, n_q: int):
 
 def bind_flash_attn_ext(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    q_t, k_t, v_t = node.src[0], node.src[1], node.src[2]
-    mask_t = node.src[3] if len(node.src) > 3 else None
-    sinks_t = node.src[4] if len(node.src) > 4 else None
-    scale, max_bias, softcap = node.op_params[:3]
+    q_t, k_t, v_t, mask_t, sinks_t = FlashAttnSources.of(node)
+    params = FlashAttnParams.of(node)
+    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
     if softcap:
         scale /= softcap                      # softcap * tanh(scale / softcap * s), as ggml
     n_seq, n_head, n_q, _ = q_t.shape

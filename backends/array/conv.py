@@ -8,11 +8,13 @@ over the kernel's taps (a handful), each tap one whole-array multiply-add.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
 
-from polydev.ops import PoolOp
+from polydev.ops import (Conv2dParams, ConvTranspose1dParams, ConvTranspose2dParams, Im2ColParams,
+                         Pool1dParams, Pool2dParams, PoolOp)
 from polydev.tensor import Tensor
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -56,7 +58,7 @@ def _windows_2d(xp, x, out_hw, k_hw, s_hw, p_hw, d_hw, value=0.0):
 def bind_im2col(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
     a_t, b_t = node.src[0], node.src[1]
-    s0, s1, p0, p1, d0, d1, is_2d = node.op_params
+    s0, s1, p0, p1, d0, d1, is_2d = dataclasses.astuple(Im2ColParams.of(node))
     b, d = env.view(b_t), env.view(node)
     if is_2d:                                                    # b (N, IC, H, W)
         n, ic = b.shape[0], b.shape[1]
@@ -78,7 +80,7 @@ def bind_im2col(env, node: Tensor) -> Callable[[], None]:
 
 
 def _conv_geometry(node: Tensor):
-    s0, s1, p0, p1, d0, d1 = node.op_params[:6]
+    s0, s1, p0, p1, d0, d1 = dataclasses.astuple(Conv2dParams.of(node))
     a = node.src[0]
     return (node.ne[1], node.ne[0]), (a.ne[1], a.ne[0]), (s1, s0), (p1, p0), (d1, d0)
 
@@ -118,7 +120,7 @@ def bind_conv_2d_dw(env, node: Tensor) -> Callable[[], None]:
 def bind_conv_transpose_1d(env, node: Tensor) -> Callable[[], None]:
     """CONV_TRANSPOSE_1D: each input position l adds kernel * b[:, l] at output l*s."""
     xp = env.xp
-    (s0,) = node.op_params[:1]
+    s0 = ConvTranspose1dParams.of(node).s0
     kernel = env.weight_f32(node.src[0])                         # (1, IC, OC, K)
     b, d = env.view(node.src[1])[0, 0], env.view(node)[0, 0]     # (IC, L), (OC, OL)
     ic, length = b.shape
@@ -136,7 +138,7 @@ def bind_conv_transpose_1d(env, node: Tensor) -> Callable[[], None]:
 
 def bind_conv_transpose_2d(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    (stride,) = node.op_params[:1]
+    stride = ConvTranspose2dParams.of(node).stride
     kernel = env.weight_f32(node.src[0])                         # (IC, OC, KH, KW)
     b, d = env.view(node.src[1]), env.view(node)                 # (N, IC, H, W), (N, OC, OH, OW)
     h, w = b.shape[2:]
@@ -156,7 +158,7 @@ def bind_conv_transpose_2d(env, node: Tensor) -> Callable[[], None]:
 
 def bind_pool_1d(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    op, k, s, p = node.op_params
+    op, k, s, p = dataclasses.astuple(Pool1dParams.of(node))
     a, d = env.view(node.src[0]), env.view(node)
     n, ow = a.shape[-1], node.ne[0]
     right = _right_pad(n, ow, k, s, p, 1)
@@ -176,7 +178,7 @@ def bind_pool_1d(env, node: Tensor) -> Callable[[], None]:
 
 def bind_pool_2d(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    op, k0, k1, s0, s1, p0, p1 = node.op_params
+    op, k0, k1, s0, s1, p0, p1 = dataclasses.astuple(Pool2dParams.of(node))
     a, d = env.view(node.src[0]), env.view(node)
     geometry = ((node.ne[1], node.ne[0]), (k1, k0), (s1, s0), (p1, p0), (1, 1))
     if op == PoolOp.MAX:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polydev.ops import GluOp, Op, UnaryOp
+from polydev.ops import (ClampParams, FillParams, GluOp, GluParams, LeakyReluParams, Op,
+                         ScaleParams, UnaryOp, UnaryParams)
 from polydev.tensor import Tensor
 
 from .broadcast import repeat_views
@@ -30,7 +31,8 @@ def bind_binary(env, node: Tensor) -> Callable[[], None]:
 
 def bind_scale(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    s, bias = node.op_params
+    params = ScaleParams.of(node)
+    s, bias = params.scale, params.bias
     d, a = env.view(node), env.view(node.src[0])
     if bias == 0.0:
         return lambda: xp.multiply(a, s, out=d)
@@ -173,7 +175,7 @@ def _map_float32(xp, d, a, fn: Callable[[Any, Any], None]) -> Callable[[], None]
 
 def bind_unary(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    fn = UNARY_FUNCTIONS[UnaryOp(node.op_params[0])]
+    fn = UNARY_FUNCTIONS[UnaryParams.of(node).fn]
     return _map_float32(xp, env.view(node), env.view(node.src[0]), lambda x, out: fn(xp, x, out))
 
 
@@ -191,7 +193,8 @@ def bind_clamp(env, node: Tensor) -> Callable[[], None]:
     """As clip, in two ufunc calls: numpy's clip costs a few µs more per call, which a mixture
     of experts' router pays every layer of a decode step."""
     xp = env.xp
-    lo, hi = xp.float32(node.op_params[0]), xp.float32(node.op_params[1])
+    params = ClampParams.of(node)
+    lo, hi = xp.float32(params.min), xp.float32(params.max)
     d, a = env.view(node), env.view(node.src[0])
 
     def run() -> None:
@@ -202,7 +205,7 @@ def bind_clamp(env, node: Tensor) -> Callable[[], None]:
 
 def bind_leaky_relu(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    (slope,) = node.op_params
+    slope = LeakyReluParams.of(node).negative_slope
 
     def leaky(x, out):
         xp.copyto(out, xp.where(x > 0, x, x * xp.float32(slope)))
@@ -215,7 +218,7 @@ def bind_add1(env, node: Tensor) -> Callable[[], None]:
 
 
 def bind_fill(env, node: Tensor) -> Callable[[], None]:
-    (c,) = node.op_params
+    c = FillParams.of(node).value
     d = env.view(node)
     return lambda: d.fill(c)
 
@@ -234,9 +237,10 @@ GLU_FUNCTIONS = frozenset(GLU_ACTIVATIONS) | {GluOp.SWIGLU_OAI}
 
 def _glu_combine(xp, node: Tensor) -> Callable[[Any, Any], Any]:
     """f(x, g) -> result for the node's GLU; x is a float32 copy the function may overwrite."""
-    fn = GluOp(node.op_params[0])
+    params = GluParams.of(node)
+    fn = params.fn
     if fn == GluOp.SWIGLU_OAI:
-        alpha, limit = node.op_params[2], node.op_params[3]
+        alpha, limit = params.alpha, params.limit
 
         def swiglu_oai(x, g):
             xp.minimum(x, limit, out=x)
@@ -258,7 +262,7 @@ def _glu_combine(xp, node: Tensor) -> Callable[[Any, Any], Any]:
 def bind_glu(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
     combine = _glu_combine(xp, node)
-    swapped = bool(node.op_params[1])
+    swapped = GluParams.of(node).swapped
     d, a = env.view(node), env.view(node.src[0])
     if len(node.src) > 1 and node.src[1] is not None:
         x, g = a, env.view(node.src[1])

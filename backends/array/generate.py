@@ -7,11 +7,13 @@ from typing import Callable
 import numpy as np
 
 from polydev.tensor import Tensor
+from polydev.ops import ArangeParams, TimestepEmbeddingParams
 
 
 def bind_arange(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    start, _, step = node.op_params
+    params = ArangeParams.of(node)
+    start, step = params.start, params.step
     d = env.view(node).reshape(-1)
     # start + step * i rounded once (as an fma does); no inputs, so computed once per plan
     i = np.arange(d.shape[0], dtype=np.float64)
@@ -21,7 +23,8 @@ def bind_arange(env, node: Tensor) -> Callable[[], None]:
 
 def bind_timestep_embedding(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    dim, max_period = node.op_params
+    params = TimestepEmbeddingParams.of(node)
+    dim, max_period = params.dim, params.max_period
     half = dim // 2
     d, t = env.view(node)[0, 0], env.view(node.src[0]).reshape(-1, 1)
     j = np.arange(half, dtype=np.float32)

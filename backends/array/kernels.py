@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Hashable
 
 from polydev.kernels import Kernel, KernelTable
-from polydev.ops import GluOp, Op
+from polydev.ops import GluParams, Op, RopeParams
 from polydev.tensor import Tensor
 from polydev.types import GGMLType, TYPE_TRAITS
 
@@ -64,7 +64,7 @@ def _set_rows_ok(node: Tensor) -> bool:
 
 def _rope_ok(node: Tensor) -> bool:
     return (node.type in FLOATS and node.src[0].type == node.type
-        and node.op_params[2] in rope.SUPPORTED_MODES and node.src[0].nb[0] == node.nb[0])
+        and RopeParams.of(node).mode in rope.SUPPORTED_MODES and node.src[0].nb[0] == node.nb[0])
 
 
 def _float_same(node: Tensor) -> bool:
@@ -102,7 +102,7 @@ def _get_rows_back_ok(node: Tensor) -> bool:
 
 
 def _glu_ok(node: Tensor) -> bool:
-    return _float_same(node) and GluOp(node.op_params[0]) in elementwise.GLU_FUNCTIONS
+    return _float_same(node) and GluParams.of(node).fn in elementwise.GLU_FUNCTIONS
 
 
 def needs_codec_any(node: Tensor) -> bool:

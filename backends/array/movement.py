@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from polydev.errors import OutOfBoundsError
-from polydev.ops import Op
+from polydev.ops import ConcatParams, Op, PadParams, PadReflect1dParams, RollParams, WindowParams
 from polydev.tensor import Tensor
 
 from .broadcast import repeat_views
@@ -43,7 +43,7 @@ def bind_repeat(env, node: Tensor) -> Callable[[], None]:
 
 def bind_concat(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    axis = 3 - node.op_params[0]
+    axis = 3 - ConcatParams.of(node).dim
     a, b, d = env.view(node.src[0]), env.view(node.src[1]), env.view(node)
     n = a.shape[axis]
     head = (slice(None),) * axis
@@ -59,10 +59,9 @@ def bind_pad(env, node: Tensor) -> Callable[[], None]:
     """PAD: the source in the middle, zeros (or, circular, wrapped values) around it."""
     xp = env.xp
     a, d = env.view(node.src[0]), env.view(node)
-    params = node.op_params
-    # numpy axis k is ggml dimension 3 - k
-    left = [params[2 * (3 - k)] for k in range(4)]
-    if params[8]:
+    params = PadParams.of(node)
+    left = params.left[::-1]                    # numpy axis k is ggml dimension 3 - k
+    if params.circular:
         index = [(xp.arange(d.shape[k]) - left[k]) % a.shape[k] for k in range(4)]
 
         def run_circular() -> None:
@@ -88,7 +87,8 @@ def bind_pad(env, node: Tensor) -> Callable[[], None]:
 
 def bind_pad_reflect_1d(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    p0, p1 = node.op_params
+    params = PadReflect1dParams.of(node)
+    p0, p1 = params.p0, params.p1
     a, d = env.view(node.src[0]), env.view(node)
     n = a.shape[-1]
     inner = d[..., p0:p0 + n]
@@ -121,7 +121,8 @@ def _roll_pieces(d, a, shifts_by_axis):
 def bind_roll(env, node: Tensor) -> Callable[[], None]:
     """ROLL: d[i] = a[(i - shift) mod n] along each dimension, as at most 16 slab copies."""
     xp = env.xp
-    pieces = _roll_pieces(env.view(node), env.view(node.src[0]), node.op_params[::-1])
+    shifts = RollParams.of(node).shifts[::-1]               # numpy's axis order
+    pieces = _roll_pieces(env.view(node), env.view(node.src[0]), shifts)
 
     def run() -> None:
         for dst, src in pieces:
@@ -133,7 +134,8 @@ def bind_window(env, node: Tensor) -> Callable[[], None]:
     """ACC and SET: copy a (unless in place), then add or write b into the strided window."""
     xp = env.xp
     a_t, b_t = node.src[0], node.src[1]
-    nb1, nb2, nb3, offset, _ = node.op_params
+    params = WindowParams.of(node)
+    nb1, nb2, nb3, offset = params.nb1, params.nb2, params.nb3, params.offset
     d, a, b = env.view(node), env.view(a_t), env.view(b_t)
     target = window(env, node, b_t.ne, (node.traits.type_size, nb1, nb2, nb3), offset)
     copy_first = not same_memory(node, a_t)

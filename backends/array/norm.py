@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Callable
 
 from polydev.tensor import Tensor
+from polydev.ops import GroupNormParams, NormParams
 
 
 def bind_norm(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    (eps,) = node.op_params
+    eps = NormParams.of(node).eps
     d, a = env.view(node), env.view(node.src[0])
 
     def run() -> None:
@@ -24,7 +25,7 @@ def bind_norm(env, node: Tensor) -> Callable[[], None]:
 
 def bind_rms_norm(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    (eps,) = node.op_params
+    eps = NormParams.of(node).eps
     d, a = env.view(node), env.view(node.src[0])
     n = a.shape[-1]
 
@@ -39,7 +40,7 @@ def bind_rms_norm(env, node: Tensor) -> Callable[[], None]:
 
 def bind_l2_norm(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    (eps,) = node.op_params
+    eps = NormParams.of(node).eps
     d, a = env.view(node), env.view(node.src[0])
 
     def run() -> None:
@@ -59,7 +60,8 @@ def _channel_groups(n_channels: int, n_groups: int) -> tuple[list[int], list[int
 def bind_group_norm(env, node: Tensor) -> Callable[[], None]:
     """GROUP_NORM: per dim-3 index and channel group, (x - mean) / sqrt(var + eps)."""
     xp = env.xp
-    n_groups, eps = node.op_params
+    params = GroupNormParams.of(node)
+    n_groups, eps = params.n_groups, params.eps
     d, a = env.view(node), env.view(node.src[0])        # (n3, channels, n1, n0)
     starts, sizes = _channel_groups(a.shape[1], n_groups)
     counts = xp.asarray([s * a.shape[2] * a.shape[3] for s in sizes], dtype=xp.float64)

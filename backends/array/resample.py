@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from polydev.ops import ScaleMode
+from polydev.ops import ScaleMode, UpscaleParams
 from polydev.tensor import Tensor
 
 F32 = np.float32
@@ -90,7 +90,7 @@ def _apply(xp, x, axis: int, idx, w):
 def bind_upscale(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
     src = node.src[0]
-    mode = int(node.op_params[0])
+    mode = UpscaleParams.of(node).mode
     align = bool(mode & ScaleMode.ALIGN_CORNERS)
     sf = _scale_factors(node, src, align)
     offset = F32(0.0 if align else 0.5)

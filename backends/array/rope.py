@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from polydev.ops import RopeMode, yarn_corr_dims, yarn_mscale, yarn_ramp_width
+from polydev.ops import (RopeMode, RopeParams, RopeSources, yarn_corr_dims, yarn_mscale,
+                         yarn_ramp_width)
 from polydev.tensor import Tensor
 
 from .env import same_memory
@@ -59,10 +60,9 @@ def rope_thetas(xp, pos, mode: int, n_dims: int, n_pairs: int, freq_base: float,
     return per_stream[xp.asarray(which), :, xp.asarray(steps)].T
 
 
-def rope_cos_sin(xp, theta_extrap, n_dims: int, params: tuple, freq_factors=None):
+def rope_cos_sin(xp, theta_extrap, n_dims: int, params: RopeParams, freq_factors=None):
     """cos and sin of every (token, pair) angle from the unscaled angles, float32."""
-    (_, _, _, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
-     beta_slow) = params[:11]
+    n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = params.yarn
     n_pairs = theta_extrap.shape[-1]
     if freq_factors is not None:
         theta_extrap /= freq_factors[:n_pairs]
@@ -80,11 +80,11 @@ def rope_cos_sin(xp, theta_extrap, n_dims: int, params: tuple, freq_factors=None
 
 def bind_rope(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    params = node.op_params
-    n_dims, mode, n_offs, sections = params[1], params[2], params[15], params[11:15]
+    params = RopeParams.of(node)
+    n_dims, mode, n_offs, sections = params.n_dims, params.mode, params.n_offs, params.sections
+    _, pos_t, ff_t = RopeSources.of(node)
     d, a = env.view(node), env.view(node.src[0])
-    pos = env.view(node.src[1]).reshape(-1)
-    ff_t = node.src[2] if len(node.src) > 2 else None
+    pos = env.view(pos_t).reshape(-1)
     freq_factors = env.view(ff_t).reshape(-1) if ff_t is not None else None
     if mode == RopeMode.VISION:
         n_offs, n_pairs = 0, n_dims              # pairs (i, i + n_dims) over the whole row
@@ -102,14 +102,13 @@ def bind_rope(env, node: Tensor) -> Callable[[], None]:
     # the channels outside the rotated range are copied unchanged
     passthrough = [s for s in (slice(0, n_offs), slice(rot.stop, ne0)) if s.stop > s.start]
     inplace = same_memory(node, node.src[0])
-    freq_base = params[5]
 
     def angles():
-        thetas = rope_thetas(xp, pos, mode, n_dims, n_pairs, freq_base, sections)
+        thetas = rope_thetas(xp, pos, mode, n_dims, n_pairs, params.freq_base, sections)
         return rope_cos_sin(xp, thetas, n_dims, params, freq_factors)
     # every ROPE of a step with these parameters reads the same positions: they share one
     # computation of the angles where the backend can tell the inputs are unchanged
-    key = ("rope", mode, n_dims, n_pairs, tuple(params[4:11]), tuple(sections))
+    key = ("rope", mode, n_dims, n_pairs, params.yarn, sections)
     inputs = (pos,) if freq_factors is None else (pos, freq_factors)
 
     def run() -> None:

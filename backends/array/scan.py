@@ -18,6 +18,7 @@ import math
 from typing import Callable
 
 from polydev.tensor import Tensor
+from polydev.ops import GatedLinearAttnParams
 
 from .conv import slide
 from .movement import check_indices
@@ -126,7 +127,7 @@ def _bind_wkv(env, node: Tensor, inclusive: bool) -> Callable[[], None]:
         return xp.moveaxis(env.view(t).reshape(n_seqs, per_seq, heads, size), 1, 2)
     k, v, q, w = (heads_first(node.src[i]) for i in (0, 1, 2, 4 if rwkv else 3))
     bonus = env.view(node.src[3]).reshape(1, heads, 1, size) if rwkv else None
-    scale = 1.0 if rwkv else node.op_params[0]
+    scale = 1.0 if rwkv else GatedLinearAttnParams.of(node).scale
     state_in = env.view(state_t).reshape(n_seqs, heads, size, size)
     flat = env.view(node).reshape(-1)
     out = flat[:n_tokens * heads * size].reshape(n_seqs, per_seq, heads, size)

@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from polydev.ops import alibi_slopes
+from polydev.ops import DiagMaskParams, SoftMaxParams, SoftMaxSources, alibi_slopes
 from polydev.tensor import Tensor
 
 from .broadcast import split_shapes
@@ -15,10 +15,10 @@ from .env import same_memory
 
 def bind_soft_max(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    scale, max_bias = node.op_params
+    params = SoftMaxParams.of(node)
+    scale, max_bias = params.scale, params.max_bias
+    _, mask_t, sinks_t = SoftMaxSources.of(node)
     d, a = env.view(node), env.view(node.src[0])
-    mask_t = node.src[1] if len(node.src) > 1 else None
-    sinks_t = node.src[2] if len(node.src) > 2 else None
     head_shape = (1, a.shape[1], 1, 1)           # per-head values broadcast over rows and cols
     slopes = xp.asarray(alibi_slopes(a.shape[1], max_bias).reshape(head_shape))
     sinks = env.view(sinks_t).reshape(head_shape) if sinks_t is not None else None
@@ -64,7 +64,7 @@ def _per_head_shape(big, small) -> tuple[int, ...]:
 
 def bind_diag_mask_inf(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
-    (n_past,) = node.op_params
+    n_past = DiagMaskParams.of(node).n_past
     d, a = env.view(node), env.view(node.src[0])
     rows, cols = a.shape[-2], a.shape[-1]
     masked = xp.asarray(np.arange(cols)[None, :] > n_past + np.arange(rows)[:, None])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from polydev.ops import SortOrder
+from polydev.ops import SortOrder, SortParams
 from polydev.tensor import Tensor
 
 
@@ -14,7 +14,7 @@ SORT_WHOLE_ROWS = 256       # TOP_K sorts rows up to this long whole
 def bind_argsort(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
     d, a = env.view(node), env.view(node.src[0])
-    descending = node.op_params[0] == SortOrder.DESC
+    descending = SortParams.of(node).order == SortOrder.DESC
 
     def run() -> None:
         # a stable sort of -a keeps equal values in index order for DESC too

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from polydev.ops import alibi_slopes
+from polydev.ops import FlashAttnParams, FlashAttnSources, alibi_slopes
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -25,9 +25,7 @@ F16, F32 = GGMLType.F16, GGMLType.F32
 
 
 def native_flash_attn_ok(node: Tensor) -> bool:
-    q, k, v = node.src[0], node.src[1], node.src[2]
-    mask = node.src[3] if len(node.src) > 3 else None
-    sinks = node.src[4] if len(node.src) > 4 else None
+    q, k, v, mask, sinks = FlashAttnSources.of(node)
     return (kernels() is not None and q.type == F32 and k.type == F16 and v.type == F16
             and node.type == F32 and node.is_contiguous()
             and q.nb[0] == 4 and k.nb[0] == 2 and v.nb[0] == 2
@@ -37,10 +35,9 @@ def native_flash_attn_ok(node: Tensor) -> bool:
 
 def bind_native_flash_attn(env, node: Tensor) -> Callable[[], None]:
     lib = kernels()
-    q, k, v = node.src[0], node.src[1], node.src[2]
-    mask = node.src[3] if len(node.src) > 3 else None
-    sinks = node.src[4] if len(node.src) > 4 else None
-    scale, max_bias, softcap = node.op_params[:3]
+    q, k, v, mask, sinks = FlashAttnSources.of(node)
+    params = FlashAttnParams.of(node)
+    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
     if softcap:
         scale /= softcap                      # softcap * tanh(scale / softcap * s), as ggml
     n_head = q.ne[2]

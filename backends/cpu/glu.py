@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from polydev.backends.array.rows import as_rows
-from polydev.ops import GluOp
+from polydev.ops import GluOp, GluParams
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -21,7 +21,7 @@ F32 = GGMLType.F32
 
 def native_glu_ok(node: Tensor) -> bool:
     srcs = [s for s in node.src if s is not None]
-    return (kernels() is not None and node.op_params[0] == GluOp.SWIGLU
+    return (kernels() is not None and GluParams.of(node).fn == GluOp.SWIGLU
             and node.type == F32 and all(s.type == F32 for s in srcs))
 
 
@@ -32,7 +32,7 @@ def bind_native_glu(env, node: Tensor) -> Callable[[], None]:
         x, g = a, env.view(node.src[1])
     else:
         x, g = a[..., :n], a[..., n:]
-        if node.op_params[1]:                       # swapped: [gate, x]
+        if GluParams.of(node).swapped:              # [gate, x]
             x, g = g, x
     d2, x2, g2 = as_rows(d, n), as_rows(x, n), as_rows(g, n)
     if d2 is None or x2 is None or g2 is None:      # not rows of one stride: the array kernel

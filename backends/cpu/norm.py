@@ -12,6 +12,7 @@ from typing import Callable
 
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
+from polydev.ops import NormParams
 
 from .native import kernels, pack, tensor_words
 
@@ -24,7 +25,7 @@ def native_rms_norm_ok(node: Tensor) -> bool:
 
 def bind_native_rms_norm(env, node: Tensor) -> Callable[[], None]:
     a = node.src[0]
-    (eps,) = node.op_params
+    eps = NormParams.of(node).eps
     args = pack(*tensor_words(env.view(a).ctypes.data, a),
                 *tensor_words(env.view(node).ctypes.data, node), env.n_threads)
     rms_norm, where = kernels().rms_norm_f32_packed, args.ctypes.data

@@ -14,7 +14,7 @@ import numpy as np
 
 from polydev.backends.array.env import same_memory
 from polydev.backends.array.rope import rope_cos_sin, rope_thetas
-from polydev.ops import RopeMode
+from polydev.ops import RopeMode, RopeParams, RopeSources
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -23,23 +23,21 @@ from .native import kernels, pack, tensor_words
 
 def native_rope_ok(node: Tensor) -> bool:
     a = node.src[0]
-    return (kernels() is not None and node.op_params[2] in (RopeMode.NORMAL, RopeMode.NEOX)
+    return (kernels() is not None and RopeParams.of(node).mode in (RopeMode.NORMAL, RopeMode.NEOX)
             and a.type == GGMLType.F32 and node.type == GGMLType.F32
             and a.nb[0] == 4 and node.nb[0] == 4)
 
 
 def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
-    params = node.op_params
-    n_dims, mode, n_offs, sections = params[1], params[2], params[15], params[11:15]
+    params = RopeParams.of(node)
+    n_dims, mode, n_offs, sections = params.n_dims, params.mode, params.n_offs, params.sections
     half = n_dims // 2
-    a, pos_t = node.src[0], node.src[1]
+    a, pos_t, ff_t = RopeSources.of(node)
     pos = env.view(pos_t).reshape(-1)
-    ff_t = node.src[2] if len(node.src) > 2 else None
     freq_factors = env.view(ff_t).reshape(-1) if ff_t is not None else None
-    freq_base = params[5]
 
     def angles():
-        thetas = rope_thetas(np, pos, mode, n_dims, half, freq_base, sections)
+        thetas = rope_thetas(np, pos, mode, n_dims, half, params.freq_base, sections)
         cos, sin = rope_cos_sin(np, thetas, n_dims, params, freq_factors)
         cos = np.ascontiguousarray(cos, dtype=np.float32)
         sin = np.ascontiguousarray(sin, dtype=np.float32)
@@ -47,7 +45,7 @@ def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
         return cos, sin, cos.ctypes.data, sin.ctypes.data
     # ROPEs of a step share one computation of the angles (this key holds contiguous float32
     # arrays and their addresses, which the memo keeps alive)
-    key = ("rope-native", mode, n_dims, half, tuple(params[4:11]), tuple(sections))
+    key = ("rope-native", mode, n_dims, half, params.yarn, sections)
     inputs = (pos,) if freq_factors is None else (pos, freq_factors)
     args = pack(*tensor_words(env.view(a).ctypes.data, a),
                 *tensor_words(env.view(node).ctypes.data, node), n_offs, half,

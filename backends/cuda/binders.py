@@ -13,8 +13,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from polydev.ops import (Op, RopeMode, alibi_params, yarn_corr_dims, yarn_mscale,
-                         yarn_ramp_width)
+from polydev.ops import (FlashAttnParams, FlashAttnSources, NormParams, Op, RopeMode, RopeParams,
+                         RopeSources, SoftMaxParams, SoftMaxSources, alibi_params, yarn_corr_dims,
+                         yarn_mscale, yarn_ramp_width)
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -71,10 +72,6 @@ def _warps(n: int, most: int) -> int:
     return max(32, min(most, 32 * math.ceil(n / 32)))
 
 
-def _optional_src(node: Tensor, i: int) -> Tensor | None:
-    return node.src[i] if len(node.src) > i else None
-
-
 # --- type rules ----------------------------------------------------------------------------------
 
 def _unit_rows(t: Tensor) -> bool:
@@ -107,7 +104,7 @@ def norm_ok(node: Tensor) -> bool:
 
 
 def soft_max_ok(node: Tensor) -> bool:
-    mask, sinks = _optional_src(node, 1), _optional_src(node, 2)
+    _, mask, sinks = SoftMaxSources.of(node)
     return (norm_ok(node) and (mask is None or mask.type in (F32, F16))
         and (sinks is None or sinks.type == F32))
 
@@ -119,8 +116,7 @@ def set_rows_ok(node: Tensor) -> bool:
 
 
 def flash_attn_vec_ok(node: Tensor) -> bool:
-    q, k, v = node.src[0], node.src[1], node.src[2]
-    mask, sinks = _optional_src(node, 3), _optional_src(node, 4)
+    q, k, v, mask, sinks = FlashAttnSources.of(node)
     return (q.ne[1] <= FLASH_ATTN_VEC_MAX_ROWS and q.type == F32 and node.type == F32
         and k.type in (F32, F16) and v.type in (F32, F16)
         and max(q.ne[0], v.ne[0]) <= FLASH_ATTN_VEC_MAX_D
@@ -128,11 +124,11 @@ def flash_attn_vec_ok(node: Tensor) -> bool:
 
 
 def rope_ok(node: Tensor) -> bool:
-    ff = _optional_src(node, 2)
-    mode, n_offs = node.op_params[2], node.op_params[15]
-    return (mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0
-        and node.type in (F32, F16) and node.src[0].type == node.type
-        and node.src[1].type == I32 and (ff is None or ff.type == F32))
+    x, pos, ff = RopeSources.of(node)
+    params = RopeParams.of(node)
+    return (params.mode in (RopeMode.NORMAL, RopeMode.NEOX) and params.n_offs == 0
+        and node.type in (F32, F16) and x.type == node.type
+        and pos.type == I32 and (ff is None or ff.type == F32))
 
 
 # --- binders -------------------------------------------------------------------------------------
@@ -176,13 +172,14 @@ def _row_geometry(t: Tensor) -> tuple[tuple[int, int, int], tuple[int]]:
 def bind_norm(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
     args = (tensor_args(launcher, src) + tensor_args(launcher, node)
-        + [np.float32(node.op_params[0]), np.int32(NORM_KINDS[node.op])])
+        + [np.float32(NormParams.of(node).eps), np.int32(NORM_KINDS[node.op])])
     return launcher.launch("norm_f32", *_row_geometry(src), args)
 
 
 def bind_soft_max(launcher: Launcher, node: Tensor) -> Callable[[], None]:
-    src, mask, sinks = node.src[0], _optional_src(node, 1), _optional_src(node, 2)
-    scale, max_bias = node.op_params
+    src, mask, sinks = SoftMaxSources.of(node)
+    params = SoftMaxParams.of(node)
+    scale, max_bias = params.scale, params.max_bias
     m0, m1, n_head_log2 = alibi_params(src.ne[2], max_bias)
     mask_type = 0 if mask is None else 1 if mask.type == F32 else 2
     args = (tensor_args(launcher, src) + tensor_args(launcher, mask)
@@ -203,9 +200,9 @@ def bind_set_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
 
 
 def bind_flash_attn_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
-    q, k, v = node.src[0], node.src[1], node.src[2]
-    mask, sinks = _optional_src(node, 3), _optional_src(node, 4)
-    scale, max_bias, softcap = node.op_params[:3]
+    q, k, v, mask, sinks = FlashAttnSources.of(node)
+    params = FlashAttnParams.of(node)
+    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
     if softcap:
         scale /= softcap                  # softcap * tanh(scale / softcap * s), as ggml
     m0, m1, n_head_log2 = alibi_params(q.ne[2], max_bias)
@@ -219,11 +216,11 @@ def bind_flash_attn_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
                            (FLASH_ATTN_VEC_THREADS,), args)
 
 
-def rope_scalars(node: Tensor) -> list:
+def rope_scalars(params: RopeParams) -> list:
     """theta_scale, freq_scale, ext_factor, mscale, corr_low and corr_span, computed as the
     array kernels compute them (so the angles round alike)."""
-    (_, n_dims, _, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
-     beta_slow) = node.op_params[:11]
+    n_dims = params.n_dims
+    n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = params.yarn
     theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
     mscale = yarn_mscale(attn_factor, freq_scale, ext_factor)
     low, span = 0.0, 1.0
@@ -235,12 +232,13 @@ def rope_scalars(node: Tensor) -> list:
 
 
 def bind_rope(launcher: Launcher, node: Tensor) -> Callable[[], None]:
-    src, pos, ff = node.src[0], node.src[1], _optional_src(node, 2)
-    n_dims, mode = node.op_params[1], node.op_params[2]
+    src, pos, ff = RopeSources.of(node)
+    params = RopeParams.of(node)
+    n_dims, mode = params.n_dims, params.mode
     args = (tensor_args(launcher, src) + tensor_args(launcher, pos) + tensor_args(launcher, ff)
         + tensor_args(launcher, node)
         + [np.int32(n_dims), np.int32(mode == RopeMode.NEOX), np.int32(node.type == F16)]
-        + rope_scalars(node) + [np.int32(ff is not None)])
+        + rope_scalars(params) + [np.int32(ff is not None)])
     block = (_warps(max(n_dims // 2, src.ne[0] - n_dims), 256),)
     return launcher.launch("rope", (src.ne[1], src.ne[2], src.ne[3]), block, args)
 

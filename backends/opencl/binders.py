@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from polydev.ops import GluOp, Op, RopeMode, UnaryOp, alibi_params, yarn_corr_dims
+from polydev.ops import (ArangeParams, ClampParams, ConcatParams, DiagMaskParams, FillParams,
+                         FlashAttnParams, FlashAttnSources, GluParams, GroupNormParams,
+                         LeakyReluParams, NormParams, Op, PadParams, PadReflect1dParams,
+                         RollParams, RopeMode, RopeParams, RopeSources, ScaleParams,
+                         SoftMaxParams, SoftMaxSources, SortOrder, SortParams,
+                         TimestepEmbeddingParams, UnaryParams, alibi_params,
+                         yarn_corr_dims)
 from polydev.tensor import Tensor
 
 
@@ -94,12 +100,26 @@ def _elementwise(backend, node: Tensor, name: str, *srcs: Tensor | None) -> Any:
                                           **FN_DEFINES)
 
 
+def _unary_scalars(node: Tensor) -> tuple[float, float]:
+    """The two scalars unary.cl's functions read: SCALE's scale and bias, CLAMP's bounds,
+    LEAKY_RELU's slope, FILL's value; zeros for the rest."""
+    if node.op == Op.SCALE:
+        params = ScaleParams.of(node)
+        return params.scale, params.bias
+    if node.op == Op.CLAMP:
+        params = ClampParams.of(node)
+        return params.min, params.max
+    if node.op == Op.LEAKY_RELU:
+        return LeakyReluParams.of(node).negative_slope, 0.0
+    if node.op == Op.FILL:
+        return FillParams.of(node).value, 0.0
+    return 0.0, 0.0
+
+
 def bind_unary(backend, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    if node.op == Op.UNARY:
-        fn, params = UnaryOp(node.op_params[0]).name, (0.0, 0.0)
-    else:
-        fn, params = node.op.name, (tuple(node.op_params) + (0.0, 0.0))[:2]
+    fn = UnaryParams.of(node).fn.name if node.op == Op.UNARY else node.op.name
+    params = _unary_scalars(node)
     k = _elementwise(backend, node, "unary", src)
     args = tensor_args(backend, src) + tensor_args(backend, node) + [
         np.int32(FN_CODES[fn]), np.float32(params[0]), np.float32(params[1])]
@@ -116,13 +136,13 @@ def bind_binary(backend, node: Tensor) -> Callable[[], None]:
 
 
 def bind_glu(backend, node: Tensor) -> Callable[[], None]:
-    fn = GluOp(node.op_params[0])
+    params = GluParams.of(node)
+    fn, alpha, limit = params.fn, params.alpha, params.limit
     a = node.src[0]
     b = node.src[1] if len(node.src) > 1 else None
-    alpha, limit = (node.op_params[2], node.op_params[3]) if fn == GluOp.SWIGLU_OAI else (0, 0)
     k = _elementwise(backend, node, "glu", a, b)
     args = tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node) + [
-        np.int32(FN_CODES[fn.name]), np.int32(b is not None), np.int32(node.op_params[1]),
+        np.int32(FN_CODES[fn.name]), np.int32(b is not None), np.int32(params.swapped),
         np.float32(alpha), np.float32(limit)]
     return _launch(backend, k, args, _grid(node))
 
@@ -153,14 +173,14 @@ def bind_concat(backend, node: Tensor) -> Callable[[], None]:
     a, b = node.src[0], node.src[1]
     k = _elementwise(backend, node, "concat", a, b)
     args = (tensor_args(backend, a) + tensor_args(backend, b) + tensor_args(backend, node)
-        + [np.int32(node.op_params[0])])
+        + [np.int32(ConcatParams.of(node).dim)])
     return _launch(backend, k, args, _grid(node))
 
 
 def bind_diag_mask_inf(backend, node: Tensor) -> Callable[[], None]:
     k = _elementwise(backend, node, "diag_mask_inf", node.src[0])
     args = (tensor_args(backend, node.src[0]) + tensor_args(backend, node)
-        + [np.int32(node.op_params[0])])
+        + [np.int32(DiagMaskParams.of(node).n_past)])
     return _launch(backend, k, args, _grid(node))
 
 
@@ -186,7 +206,7 @@ NORM_KINDS = {Op.NORM: 0, Op.RMS_NORM: 1, Op.L2_NORM: 2}
 
 def bind_norm(backend, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    extra = [np.float32(node.op_params[0]), np.int32(NORM_KINDS[node.op])]
+    extra = [np.float32(NormParams.of(node).eps), np.int32(NORM_KINDS[node.op])]
     return _rows_launch(backend, node, "norm", extra, src, src)
 
 
@@ -197,10 +217,9 @@ def alibi_args(n_head: int, max_bias: float) -> list:
 
 
 def bind_soft_max(backend, node: Tensor) -> Callable[[], None]:
-    src = node.src[0]
-    mask = node.src[1] if len(node.src) > 1 else None
-    sinks = node.src[2] if len(node.src) > 2 else None
-    scale, max_bias = node.op_params
+    src, mask, sinks = SoftMaxSources.of(node)
+    params = SoftMaxParams.of(node)
+    scale, max_bias = params.scale, params.max_bias
     extra = ([np.float32(scale), np.float32(max_bias)] + alibi_args(src.ne[2], max_bias)
         + [np.int32(mask is not None), np.int32(sinks is not None)])
     defines = {"MASK_T": PLAIN_NAMES[mask.type]} if mask is not None else {}
@@ -212,10 +231,10 @@ def bind_soft_max(backend, node: Tensor) -> Callable[[], None]:
 
 
 def bind_rope(backend, node: Tensor) -> Callable[[], None]:
-    src, pos = node.src[0], node.src[1]
-    ff = node.src[2] if len(node.src) > 2 else None
-    (_, n_dims, mode, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
-     beta_slow) = node.op_params[:11]
+    src, pos, ff = RopeSources.of(node)
+    params = RopeParams.of(node)
+    n_dims, mode = params.n_dims, params.mode
+    n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = params.yarn
     low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)   # as the CPU backend
     k = backend.device.programs.kernel("rope", "rope", **_type_defines(node, src))
@@ -309,10 +328,9 @@ def bind_mul_mat_id(backend, node: Tensor) -> Callable[[], None]:
 
 
 def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:
-    q, k_t, v_t = node.src[0], node.src[1], node.src[2]
-    mask = node.src[3] if len(node.src) > 3 else None
-    sinks = node.src[4] if len(node.src) > 4 else None
-    scale, max_bias, softcap = node.op_params[:3]
+    q, k_t, v_t, mask, sinks = FlashAttnSources.of(node)
+    params = FlashAttnParams.of(node)
+    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
     if softcap:
         scale /= softcap                  # softcap * tanh(scale / softcap * s), as ggml
     defines = {"SRC1_T": PLAIN_NAMES.get(k_t.type, "f32")}
@@ -338,7 +356,7 @@ def _misc(backend, node: Tensor, name: str, *srcs: Tensor | None) -> Any:
 
 def bind_argsort(backend, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    descending = node.op == Op.TOP_K or node.op_params[0] == 1
+    descending = node.op == Op.TOP_K or SortParams.of(node).order == SortOrder.DESC
     args = tensor_args(backend, src) + tensor_args(backend, node) + [np.int32(descending)]
     return _launch(backend, _misc(backend, node, "argsort", src), args, _grid(src))
 
@@ -350,21 +368,23 @@ def bind_cumsum(backend, node: Tensor) -> Callable[[], None]:
 
 
 def bind_pad(backend, node: Tensor) -> Callable[[], None]:
-    src, p = node.src[0], node.op_params
+    src, params = node.src[0], PadParams.of(node)
     args = (tensor_args(backend, src) + tensor_args(backend, node)
-        + [np.int32(p[0]), np.int32(p[2]), np.int32(p[4]), np.int32(p[6]), np.int32(p[8])])
+        + [np.int32(p) for p in params.left] + [np.int32(params.circular)])
     return _launch(backend, _misc(backend, node, "pad", src), args, _grid(node))
 
 
 def bind_arange(backend, node: Tensor) -> Callable[[], None]:
-    start, _, step = node.op_params
+    params = ArangeParams.of(node)
+    start, step = params.start, params.step
     args = tensor_args(backend, node) + [np.float32(start), np.float32(step)]
     return _launch(backend, _misc(backend, node, "arange"), args, (node.ne[0],))
 
 
 def bind_group_norm(backend, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    n_groups, eps = node.op_params
+    params = GroupNormParams.of(node)
+    n_groups, eps = params.n_groups, params.eps
     group_size = -(-src.ne[2] // n_groups)            # ggml's ceil(C / G) channels per group
     ls = backend.device.row_group_size
     args = (tensor_args(backend, src) + tensor_args(backend, node)
@@ -375,7 +395,7 @@ def bind_group_norm(backend, node: Tensor) -> Callable[[], None]:
 
 def bind_roll(backend, node: Tensor) -> Callable[[], None]:
     """ROLL is a circular PAD of nothing: d[i] = a[(i - shift) mod n]."""
-    src, shifts = node.src[0], node.op_params
+    src, shifts = node.src[0], RollParams.of(node).shifts
     args = (tensor_args(backend, src) + tensor_args(backend, node)
         + [np.int32(s % max(n, 1)) for s, n in zip(shifts, src.ne)] + [np.int32(1)])
     return _launch(backend, _misc(backend, node, "pad", src), args, _grid(node))
@@ -383,13 +403,15 @@ def bind_roll(backend, node: Tensor) -> Callable[[], None]:
 
 def bind_pad_reflect_1d(backend, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
-    args = tensor_args(backend, src) + tensor_args(backend, node) + [np.int32(node.op_params[0])]
+    p0 = PadReflect1dParams.of(node).p0
+    args = tensor_args(backend, src) + tensor_args(backend, node) + [np.int32(p0)]
     return _launch(backend, _misc(backend, node, "pad_reflect_1d", src), args, _grid(node))
 
 
 def bind_timestep_embedding(backend, node: Tensor) -> Callable[[], None]:
     steps = node.src[0]
-    dim, max_period = node.op_params
+    params = TimestepEmbeddingParams.of(node)
+    dim, max_period = params.dim, params.max_period
     half = dim // 2
     # the frequencies in the CPU backend's float32 arithmetic, uploaded once per plan
     j = np.arange(half, dtype=np.float32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Hashable
 
 from polydev.kernels import Kernel, KernelTable
-from polydev.ops import GluOp, Op, RopeMode
+from polydev.ops import GluOp, Op, RopeMode, RopeParams, RopeSources, SoftMaxSources
 from polydev.tensor import Tensor
 
 from .binders import (bind_arange, bind_argmax, bind_argsort, bind_binary, bind_concat,
@@ -48,18 +48,16 @@ def _f32_rows(node: Tensor) -> bool:
 
 
 def _soft_max_ok(node: Tensor) -> bool:
-    mask = node.src[1] if len(node.src) > 1 else None
-    sinks = node.src[2] if len(node.src) > 2 else None
+    _, mask, sinks = SoftMaxSources.of(node)
     return (_f32_rows(node) and (mask is None or mask.type in FLOATS)
         and (sinks is None or sinks.type == F32))
 
 
 def _rope_ok(node: Tensor) -> bool:
-    ff = node.src[2] if len(node.src) > 2 else None
-    mode, n_offs = node.op_params[2], node.op_params[15]
-    return (mode in (RopeMode.NORMAL, RopeMode.NEOX) and n_offs == 0
-        and node.src[0].type in FLOATS and node.type == node.src[0].type
-        and (ff is None or ff.type == F32))
+    x, _, ff = RopeSources.of(node)
+    params = RopeParams.of(node)
+    return (params.mode in (RopeMode.NORMAL, RopeMode.NEOX) and params.n_offs == 0
+        and x.type in FLOATS and node.type == x.type and (ff is None or ff.type == F32))
 
 
 def _get_rows_ok(node: Tensor) -> bool:

@@ -9,6 +9,7 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from ._build import _check, _ne, _result, _unary_like
 from .catalogue import Op, RopeMode
+from .params import DiagMaskParams, FlashAttnParams, RopeParams, SoftMaxParams
 
 __all__ = [
     "diag_mask_inf", "soft_max", "soft_max_ext", "soft_max_add_sinks", "rope", "rope_ext",
@@ -18,7 +19,7 @@ __all__ = [
 
 def diag_mask_inf(ctx, a: Tensor, n_past: int, inplace: bool = False) -> Tensor:
     """Set element (i0, i1) to -inf where i0 > n_past + i1 (causal mask)."""
-    return _unary_like(ctx, Op.DIAG_MASK_INF, a, (int(n_past),), inplace)
+    return _unary_like(ctx, Op.DIAG_MASK_INF, a, DiagMaskParams(int(n_past)).pack(), inplace)
 
 
 def soft_max(ctx, a: Tensor, inplace: bool = False) -> Tensor:
@@ -40,8 +41,8 @@ def soft_max_ext(ctx, a: Tensor, mask: Tensor | None, scale: float = 1.0, max_bi
                f"must cover a's rows and dims 2-3 must divide a's")
     _check(max_bias <= 0 or mask is not None, "soft_max", "max_bias > 0 (ALiBi) needs a mask",
            InvalidArgumentError)
-    return _unary_like(ctx, Op.SOFT_MAX, a, (float(scale), float(max_bias)), inplace,
-                       srcs=[a, mask])
+    params = SoftMaxParams(float(scale), float(max_bias)).pack()
+    return _unary_like(ctx, Op.SOFT_MAX, a, params, inplace, srcs=[a, mask])
 
 
 def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
@@ -107,9 +108,8 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: i
     if mode == RopeMode.VISION:
         _check(2 * n_dims == a.ne[0], "rope", f"vision RoPE rotates whole rows: n_dims={n_dims} "
                f"must be half of ne[0] of {_ne(a)}", InvalidArgumentError)
-    params = ((0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale),
-              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow))
-        + secs + (0,))
+    params = RopeParams(n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                        beta_fast, beta_slow, secs).pack()
     return _unary_like(ctx, Op.ROPE, a, params, inplace, srcs=[a, pos, freq_factors])
 
 
@@ -144,7 +144,8 @@ def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
     _check(max_bias <= 0 or mask is not None, "flash_attn_ext",
            "max_bias > 0 (ALiBi) needs a mask", InvalidArgumentError)
     return _result(ctx, Op.FLASH_ATTN_EXT, GGMLType.F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]),
-                   [q, k, v, mask], (float(scale), float(max_bias), float(logit_softcap), 0))
+                   [q, k, v, mask],
+                   FlashAttnParams(float(scale), float(max_bias), float(logit_softcap)).pack())
 
 
 def flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:

@@ -11,6 +11,8 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from ._build import _check, _ne, _result
 from .catalogue import Op, PoolOp
+from .params import (Conv2dParams, ConvTranspose1dParams, ConvTranspose2dParams, Im2ColParams,
+                     Pool1dParams, Pool2dParams)
 from .matmul import mul_mat
 from .views import cont, permute, reshape
 
@@ -61,7 +63,8 @@ def im2col(ctx, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: in
     ne = ((a.ne[2] * a.ne[1] * a.ne[0], ow, oh, b.ne[3]) if is_2d
         else (a.ne[1] * a.ne[0], ow, b.ne[2], 1))
     return _result(ctx, Op.IM2COL, dst_type, ne, [a, b],
-                   (int(s0), int(s1), int(p0), int(p1), int(d0), int(d1), int(bool(is_2d))))
+                   Im2ColParams(int(s0), int(s1), int(p0), int(p1), int(d0), int(d1),
+                                int(bool(is_2d))).pack())
 
 
 def conv_1d(ctx, a: Tensor, b: Tensor, s0: int = 1, p0: int = 0, d0: int = 1) -> Tensor:
@@ -95,7 +98,7 @@ def conv_2d(ctx, a: Tensor, b: Tensor, s0: int = 1, s1: int = 1, p0: int = 0, p1
 
 
 def _conv_params(s0, s1, p0, p1, d0, d1) -> tuple:
-    return tuple(int(v) for v in (s0, s1, p0, p1, d0, d1))
+    return Conv2dParams(*(int(v) for v in (s0, s1, p0, p1, d0, d1))).pack()
 
 
 def conv_2d_direct(ctx, a: Tensor, b: Tensor, s0: int = 1, s1: int = 1, p0: int = 0,
@@ -155,7 +158,8 @@ def conv_transpose_1d(ctx, a: Tensor, b: Tensor, s0: int = 1, p0: int = 0,
     _float("conv_transpose_1d", a, "kernel")
     _float("conv_transpose_1d", b, "input")
     ne = ((b.ne[0] - 1) * s0 + a.ne[0], a.ne[1], 1, 1)
-    return _result(ctx, Op.CONV_TRANSPOSE_1D, GGMLType.F32, ne, [a, b], (int(s0), 0, 1))
+    params = ConvTranspose1dParams(int(s0)).pack()
+    return _result(ctx, Op.CONV_TRANSPOSE_1D, GGMLType.F32, ne, [a, b], params)
 
 
 def conv_transpose_2d_p0(ctx, a: Tensor, b: Tensor, stride: int) -> Tensor:
@@ -168,7 +172,8 @@ def conv_transpose_2d_p0(ctx, a: Tensor, b: Tensor, stride: int) -> Tensor:
     _float("conv_transpose_2d", a, "kernel")
     _float("conv_transpose_2d", b, "input")
     ne = ((b.ne[0] - 1) * stride + a.ne[0], (b.ne[1] - 1) * stride + a.ne[1], a.ne[2], b.ne[3])
-    return _result(ctx, Op.CONV_TRANSPOSE_2D, GGMLType.F32, ne, [a, b], (int(stride),))
+    params = ConvTranspose2dParams(int(stride)).pack()
+    return _result(ctx, Op.CONV_TRANSPOSE_2D, GGMLType.F32, ne, [a, b], params)
 
 
 def pool_1d(ctx, a: Tensor, op: PoolOp, k0: int, s0: int, p0: int = 0) -> Tensor:
@@ -180,7 +185,7 @@ def pool_1d(ctx, a: Tensor, op: PoolOp, k0: int, s0: int, p0: int = 0) -> Tensor
     ow = (a.ne[0] + 2 * p0 - k0) // s0 + 1
     _check(ow > 0, "pool_1d", f"window {k0} is larger than padded {_ne(a)}", ShapeError)
     return _result(ctx, Op.POOL_1D, GGMLType.F32, (ow,) + a.ne[1:], [a],
-                   (int(PoolOp(op)), int(k0), int(s0), int(p0)))
+                   Pool1dParams(PoolOp(op), int(k0), int(s0), int(p0)).pack())
 
 
 def pool_2d(ctx, a: Tensor, op: PoolOp, k0: int, k1: int, s0: int, s1: int, p0: int = 0,
@@ -194,4 +199,5 @@ def pool_2d(ctx, a: Tensor, op: PoolOp, k0: int, k1: int, s0: int, s1: int, p0: 
     ow, oh = (a.ne[0] + 2 * p0 - k0) // s0 + 1, (a.ne[1] + 2 * p1 - k1) // s1 + 1
     _check(ow > 0 and oh > 0, "pool_2d", f"window ({k0}, {k1}) is larger than padded {_ne(a)}")
     return _result(ctx, Op.POOL_2D, GGMLType.F32, (ow, oh) + a.ne[2:], [a],
-                   (int(PoolOp(op)), int(k0), int(k1), int(s0), int(s1), int(p0), int(p1)))
+                   Pool2dParams(PoolOp(op), int(k0), int(k1), int(s0), int(s1), int(p0),
+                                int(p1)).pack())

@@ -7,6 +7,8 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from ._build import _check, _ne, _result, _unary_like
 from .catalogue import GluOp, Op, UnaryOp
+from .params import (ClampParams, FillParams, GluParams, LeakyReluParams, ScaleParams,
+                     UnaryParams)
 
 __all__ = [
     "add", "sub", "mul", "div", "scale", "sqr", "sqrt", "unary", "abs_", "neg", "tanh", "relu",
@@ -49,7 +51,7 @@ def scale(ctx, a: Tensor, s: float, b: float = 0.0, inplace: bool = False) -> Te
     padded = (a.nb[0] == a.traits.type_size and a.nb[2] == a.nb[1] * a.ne[1]
         and a.nb[3] == a.nb[2] * a.ne[2])
     _check(padded, "scale", f"{_ne(a)} nb={list(a.nb)} must be padded 1-d (rows may be strided)")
-    return _unary_like(ctx, Op.SCALE, a, (float(s), float(b)), inplace)
+    return _unary_like(ctx, Op.SCALE, a, ScaleParams(float(s), float(b)).pack(), inplace)
 
 
 def sqr(ctx, a: Tensor, inplace: bool = False) -> Tensor:
@@ -67,7 +69,7 @@ def unary(ctx, a: Tensor, fn: UnaryOp, inplace: bool = False) -> Tensor:
     fn = UnaryOp(fn)
     _check(a.is_contiguous(1), fn.name.lower(), f"{_ne(a)} nb={list(a.nb)} must have packed rows "
            f"beyond dimension 1")
-    return _unary_like(ctx, Op.UNARY, a, (int(fn),), inplace)
+    return _unary_like(ctx, Op.UNARY, a, UnaryParams(UnaryOp(fn)).pack(), inplace)
 
 
 def _unary_fn(fn: UnaryOp):
@@ -107,7 +109,7 @@ def glu(ctx, a: Tensor, fn: GluOp, swapped: bool = False) -> Tensor:
     _check(a.is_contiguous(1), fn.name.lower(), f"{_ne(a)} must have packed rows beyond dim 1")
     _check(a.ne[0] % 2 == 0, fn.name.lower(), f"{_ne(a)}: ne[0] must be even to split in halves")
     ne = (a.ne[0] // 2,) + a.ne[1:]
-    return _result(ctx, Op.GLU, a.type, ne, [a], (int(fn), int(bool(swapped))))
+    return _result(ctx, Op.GLU, a.type, ne, [a], GluParams(GluOp(fn), bool(swapped)).pack())
 
 
 def glu_split(ctx, a: Tensor, b: Tensor, fn: GluOp) -> Tensor:
@@ -118,7 +120,7 @@ def glu_split(ctx, a: Tensor, b: Tensor, fn: GluOp) -> Tensor:
            f"packed rows beyond dim 1")
     _check(a.same_shape(b), name, f"{_ne(a)} and {_ne(b)} must have the same shape")
     _check(a.type == b.type, name, f"types differ: {a.type} and {b.type}", TensorTypeError)
-    return _result(ctx, Op.GLU, a.type, a.ne, [a, b], (int(fn), 0))
+    return _result(ctx, Op.GLU, a.type, a.ne, [a, b], GluParams(GluOp(fn)).pack())
 
 
 def swiglu(ctx, a: Tensor, b: Tensor | None = None, swapped: bool = False) -> Tensor:
@@ -154,7 +156,8 @@ def swiglu_oai(ctx, a: Tensor, b: Tensor | None = None, alpha: float = 1.702,
     result = x * sigmoid(alpha * x) * (g + 1). op_params: [fn, swapped, alpha, limit]."""
     t = (glu(ctx, a, GluOp.SWIGLU_OAI, swapped) if b is None
         else glu_split(ctx, a, b, GluOp.SWIGLU_OAI))
-    t.op_params = t.op_params[:2] + (float(alpha), float(limit))
+    glu_ = GluParams.of(t)
+    t.op_params = GluParams(glu_.fn, glu_.swapped, float(alpha), float(limit)).pack()
     return t
 
 
@@ -183,12 +186,13 @@ def cos(ctx, a: Tensor, inplace: bool = False) -> Tensor:
 def clamp(ctx, a: Tensor, min_: float, max_: float) -> Tensor:
     """Clamp to [min_, max_]. As in ggml the result is a view of ``a``: it clamps in place."""
     _check(min_ <= max_, "clamp", f"min {min_} > max {max_}", InvalidArgumentError)
-    return _unary_like(ctx, Op.CLAMP, a, (float(min_), float(max_)), inplace=True)
+    return _unary_like(ctx, Op.CLAMP, a, ClampParams(float(min_), float(max_)).pack(), inplace=True)
 
 
 def leaky_relu(ctx, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
     """x for x > 0, negative_slope * x otherwise."""
-    return _unary_like(ctx, Op.LEAKY_RELU, a, (float(negative_slope),), inplace)
+    return _unary_like(ctx, Op.LEAKY_RELU, a, LeakyReluParams(float(negative_slope)).pack(),
+                       inplace)
 
 
 def fill(ctx, a: Tensor, c: float, inplace: bool = False) -> Tensor:
@@ -196,4 +200,4 @@ def fill(ctx, a: Tensor, c: float, inplace: bool = False) -> Tensor:
     _check(a.type in (GGMLType.F32, GGMLType.F16), "fill", f"{_ne(a)} must be f32 or f16, got "
            f"{a.type}", TensorTypeError)
     _check(a.is_contiguous(), "fill", f"{_ne(a)} must be contiguous")
-    return _unary_like(ctx, Op.FILL, a, (float(c),), inplace)
+    return _unary_like(ctx, Op.FILL, a, FillParams(float(c)).pack(), inplace)

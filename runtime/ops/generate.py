@@ -9,6 +9,7 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from ._build import _check, _ne, _result
 from .catalogue import Op
+from .params import ArangeParams, TimestepEmbeddingParams
 
 __all__ = [
     "arange", "timestep_embedding",
@@ -20,8 +21,8 @@ def arange(ctx, start: float, stop: float, step: float = 1.0) -> Tensor:
     _check(stop > start and step > 0, "arange", f"need stop > start and step > 0, got start "
            f"{start}, stop {stop}, step {step}", InvalidArgumentError)
     steps = math.ceil((stop - start) / step)
-    return _result(ctx, Op.ARANGE, GGMLType.F32, (steps,), [], (float(start), float(stop),
-                                                                   float(step)))
+    return _result(ctx, Op.ARANGE, GGMLType.F32, (steps,), [],
+                   ArangeParams(float(start), float(stop), float(step)).pack())
 
 
 def timestep_embedding(ctx, timesteps: Tensor, dim: int, max_period: int = 10000) -> Tensor:
@@ -32,4 +33,4 @@ def timestep_embedding(ctx, timesteps: Tensor, dim: int, max_period: int = 10000
     _check(dim >= 1 and max_period >= 1, "timestep_embedding",
            f"dim {dim} and max_period {max_period} must be >= 1", InvalidArgumentError)
     return _result(ctx, Op.TIMESTEP_EMBEDDING, GGMLType.F32, (dim, timesteps.ne[0]), [timesteps],
-                   (int(dim), int(max_period)))
+                   TimestepEmbeddingParams(int(dim), int(max_period)).pack())

@@ -8,6 +8,7 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from ._build import _check, _ne, _result
 from .catalogue import Op
+from .params import GatedLinearAttnParams
 
 __all__ = [
     "ssm_conv", "ssm_scan", "rwkv_wkv6", "gated_linear_attn",
@@ -94,4 +95,4 @@ def gated_linear_attn(ctx, k: Tensor, v: Tensor, q: Tensor, g: Tensor, state: Te
     size, heads = k.ne[0], k.ne[1]
     return _result(ctx, Op.GATED_LINEAR_ATTN, GGMLType.F32,
                    (size * heads, k.ne[2] + size * state.ne[1]), [k, v, q, g, state],
-                   (float(scale),))
+                   GatedLinearAttnParams(float(scale)).pack())

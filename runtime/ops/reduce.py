@@ -7,6 +7,7 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from ._build import _check, _ne, _result
 from .catalogue import Op, SortOrder
+from .params import SortParams
 
 __all__ = [
     "sum_", "sum_rows", "mean", "argmax", "cumsum", "count_equal", "argsort", "top_k",
@@ -53,7 +54,7 @@ def argsort(ctx, a: Tensor, order: SortOrder = SortOrder.ASC) -> Tensor:
     """The I32 indices that sort each row of ``a`` (ties keep their order)."""
     _check(a.type == GGMLType.F32, "argsort", f"{_ne(a)} must be f32, got {a.type}",
            TensorTypeError)
-    return _result(ctx, Op.ARGSORT, GGMLType.I32, a.ne, [a], (int(SortOrder(order)),))
+    return _result(ctx, Op.ARGSORT, GGMLType.I32, a.ne, [a], SortParams(SortOrder(order)).pack())
 
 
 def top_k(ctx, a: Tensor, k: int) -> Tensor:

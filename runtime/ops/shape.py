@@ -8,6 +8,8 @@ from ..tensor import MAX_DIMS, Tensor
 from ..types import GGMLType
 from ._build import _check, _ne, _result, _unary_like
 from .catalogue import Op, ScaleMode
+from .params import (ConcatParams, PadParams, PadReflect1dParams, RollParams, UpscaleParams,
+                     WindowParams)
 
 __all__ = [
     "repeat", "concat", "pad_ext", "pad", "pad_circular", "pad_reflect_1d", "roll", "interpolate",
@@ -29,7 +31,7 @@ def concat(ctx, a: Tensor, b: Tensor, dim: int) -> Tensor:
         _check(d == dim or a.ne[d] == b.ne[d], "concat",
                f"{_ne(a)} and {_ne(b)} differ in dimension {d} (concatenating along {dim})")
     ne = tuple(a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(MAX_DIMS))
-    return _result(ctx, Op.CONCAT, a.type, ne, [a, b], (dim,))
+    return _result(ctx, Op.CONCAT, a.type, ne, [a, b], ConcatParams(dim).pack())
 
 
 def pad_ext(ctx, a: Tensor, lp0: int = 0, rp0: int = 0, lp1: int = 0, rp1: int = 0,
@@ -44,7 +46,8 @@ def pad_ext(ctx, a: Tensor, lp0: int = 0, rp0: int = 0, lp1: int = 0, rp1: int =
         _check(all(a.ne[d] > 0 or pads[2 * d] + pads[2 * d + 1] == 0 for d in range(MAX_DIMS)),
                "pad", f"cannot wrap around an empty dimension of {_ne(a)}", InvalidArgumentError)
     ne = tuple(a.ne[d] + pads[2 * d] + pads[2 * d + 1] for d in range(MAX_DIMS))
-    return _result(ctx, Op.PAD, a.type, ne, [a], tuple(int(p) for p in pads) + (int(circular),))
+    params = PadParams(pads[0::2], pads[1::2], bool(circular)).pack()
+    return _result(ctx, Op.PAD, a.type, ne, [a], params)
 
 
 def pad(ctx, a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0) -> Tensor:
@@ -66,7 +69,7 @@ def pad_reflect_1d(ctx, a: Tensor, p0: int, p1: int) -> Tensor:
            TensorTypeError)
     _check(a.is_contiguous(), "pad_reflect_1d", f"{_ne(a)} must be contiguous")
     return _result(ctx, Op.PAD_REFLECT_1D, a.type, (a.ne[0] + p0 + p1,) + a.ne[1:], [a],
-                   (int(p0), int(p1)))
+                   PadReflect1dParams(int(p0), int(p1)).pack())
 
 
 def roll(ctx, a: Tensor, shift0: int = 0, shift1: int = 0, shift2: int = 0,
@@ -76,7 +79,7 @@ def roll(ctx, a: Tensor, shift0: int = 0, shift1: int = 0, shift2: int = 0,
     _check(a.nb[0] == a.traits.type_size, "roll", f"{_ne(a)} must have packed elements")
     _check(all(abs(s) < n for s, n in zip(shifts, a.ne)), "roll",
            f"shifts {list(shifts)} must be smaller than {_ne(a)}", InvalidArgumentError)
-    return _result(ctx, Op.ROLL, a.type, a.ne, [a], tuple(int(s) for s in shifts))
+    return _result(ctx, Op.ROLL, a.type, a.ne, [a], RollParams(shifts).pack())
 
 
 def interpolate(ctx, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
@@ -95,7 +98,7 @@ def interpolate(ctx, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
            TensorTypeError)
     ne = (ne0, ne1, ne2, ne3)
     _check(all(n > 0 for n in ne), "upscale", f"target shape {list(ne)} must be positive")
-    return _result(ctx, Op.UPSCALE, a.type, ne, [a], (int(mode),))
+    return _result(ctx, Op.UPSCALE, a.type, ne, [a], UpscaleParams(int(mode)).pack())
 
 
 def upscale(ctx, a: Tensor, scale_factor: int, mode: int = ScaleMode.NEAREST) -> Tensor:
@@ -127,8 +130,8 @@ def _window_op(ctx, op: Op, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, 
     _check(a.is_contiguous(), name, f"{_ne(a)} must be contiguous")
     _check(b.nelements <= a.nelements, name, f"{_ne(b)} is larger than {_ne(a)}")
     _window_fits(name, a, b, nb1, nb2, nb3, offset)
-    return _unary_like(ctx, op, a, (int(nb1), int(nb2), int(nb3), int(offset), int(inplace)),
-                       inplace, srcs=[a, b])
+    params = WindowParams(int(nb1), int(nb2), int(nb3), int(offset), int(inplace)).pack()
+    return _unary_like(ctx, op, a, params, inplace, srcs=[a, b])
 
 
 def acc(ctx, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int = 0,

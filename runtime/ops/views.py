@@ -8,6 +8,7 @@ from ..errors import InvalidArgumentError
 from ..tensor import MAX_DIMS, Tensor, contiguous_strides
 from ._build import _check, _ne, _pad4, _result, view_tensor
 from .catalogue import Op
+from .params import PermuteParams, ViewParams
 
 __all__ = [
     "view_tensor", "view_1d", "view_2d", "view_3d", "view_4d", "reshape", "reshape_1d",
@@ -25,7 +26,7 @@ def _view(ctx, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None, offset: i
         nb4[i] = nb4[i - 1] * ne4[i - 1]
     t = ctx.new_view(a, ne4, tuple(nb4), offset)
     t.name = f"{a.name} (view)"
-    t.op, t.op_params, t.src = Op.VIEW, (offset,), [a]
+    t.op, t.op_params, t.src = Op.VIEW, ViewParams(offset).pack(), [a]
     return t
 
 
@@ -94,7 +95,7 @@ def permute(ctx, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> T
         ne[ax], nb[ax] = a.ne[i], a.nb[i]
     t = ctx.new_view(a, ne, nb, 0)
     t.name = f"{a.name} (permuted)"
-    t.op, t.op_params, t.src = Op.PERMUTE, axes, [a]
+    t.op, t.op_params, t.src = Op.PERMUTE, PermuteParams(axes).pack(), [a]
     return t
 
 
