@@ -8,6 +8,9 @@
 #   bash bench/gpu.sh           there: install; pytest -m cuda; polydev compare -b CUDA0 (and
 #                               OpenCL0 where the driver offers one); bench/cuda_ops.py;
 #                               bench/cuda_model.py (polydev alone); bench/serve.py on CUDA0
+#   bash bench/gpu.sh tests     there: install; pytest -m cuda; polydev compare -b CUDA0 (the
+#                               check alone, for a change of the CUDA backend's code: about
+#                               half of the default part's time)
 #   bash bench/gpu.sh llama     there: install; build llama.cpp's CUDA backend; then
 #                               bench/cuda_model.py with it side by side
 #   bash bench/gpu.sh threads   there: install; bench/threads.py (CPU thread scaling) against
@@ -115,12 +118,24 @@ names = [d["name"] for d in json.load(sys.stdin)["devices"]
 print(names[0] if names else "")'
 }
 
-check() {
-    require_gpu
-    step setup 150 install_polydev || { summary; exit 1; }
+# The CUDA tests and the compare tool on CUDA0: what every change of the CUDA code must pass.
+cuda_tests() {
     step tests 150 "python3 -m pytest -q -m cuda tests"
     step compare 150 "python3 -m polydev.tools.cli compare -b CUDA0 -j 4 --output json \
 >'$OUT/compare.jsonl'"
+}
+
+tests() {
+    require_gpu
+    step setup 150 install_polydev || { summary; exit 1; }
+    cuda_tests
+    summary
+}
+
+check() {
+    require_gpu
+    step setup 150 install_polydev || { summary; exit 1; }
+    cuda_tests
     local opencl
     opencl=$(opencl_gpu)
     if [ -n "$opencl" ]; then
@@ -191,8 +206,9 @@ export -f install_polydev build_llama_cpp
 case "${1:-check}" in
     prepare) prepare ;;
     check) check ;;
+    tests) tests ;;
     llama) llama ;;
     threads) threads ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" ;;
-    *) say "unknown part '$1': prepare, check (the default), llama or threads"; exit 2 ;;
+    *) say "unknown part '$1': prepare, check (the default), tests, llama or threads"; exit 2 ;;
 esac

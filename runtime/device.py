@@ -347,9 +347,14 @@ class Backend(Resource):
 
     # --- compute ----------------------------------------------------------------------------
 
+    @property
+    def kernels(self) -> "KernelTable":
+        """The kernel table ``bind`` reads: the device's, unless the stream has its own."""
+        return self.device.kernels
+
     def bind(self, node: Tensor) -> BoundCall:
         """The call that computes ``node`` on this stream, its arguments bound once."""
-        kernel = self.device.kernels.find(node)
+        kernel = self.kernels.find(node)
         if kernel is None:
             types = ", ".join(f"{s.type}" for s in node.src if s is not None)
             raise UnsupportedOpError(f"{self.name} has no kernel for {op_desc(node)} of "

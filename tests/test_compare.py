@@ -103,6 +103,55 @@ def test_the_whole_catalogue_passes_cpu_against_cpu(capsys):
     assert passed == total > 3000
 
 
+def test_the_compiled_cpu_kernels_pass_against_the_numpy_kernels(capsys):
+    """--reference numpy (ggml's use_ref): the CPU backend's compiled kernels are checked
+    against its numpy kernels like any other device's."""
+    code, out = _run(capsys, "-b", "CPU", "--reference", "numpy", "-j", "2")
+    assert code == 0, out[-3000:]
+    assert "devices against CPU-numpy" in out.splitlines()[0]
+    assert "Backend CPU: OK" in out
+
+
+def _faulty_compiled_rms_norm(monkeypatch):
+    """The compiled RMS_NORM made wrong by 1%, as a bug in it would be."""
+    from polydev.backends.cpu.kernels import CPU_TABLE
+    from polydev.kernels import Kernel
+    from polydev.ops import Op
+
+    compiled = CPU_TABLE._kernels[Op.RMS_NORM]
+
+    def bind(backend, node):
+        call, out = compiled.bind(backend, node), backend.env.view(node)
+
+        def run():
+            call()
+            out[...] *= np.float32(1.01)
+        return run
+    monkeypatch.setitem(CPU_TABLE._kernels, Op.RMS_NORM, Kernel(compiled.accepts, bind))
+
+
+def test_a_fault_in_a_compiled_cpu_kernel_shows_only_against_numpy(capsys, monkeypatch):
+    from polydev.backends.cpu.native import kernels
+    if kernels() is None:
+        pytest.skip("the CPU's compiled kernels are not built here")
+    _faulty_compiled_rms_norm(monkeypatch)
+    argv = ("-b", "CPU", "-o", "RMS_NORM", "-p", "ne=\\[64,5,4,3\\]")
+    code, out = _run(capsys, *argv)
+    assert code == 0, "the CPU as reference compares the fault with itself"
+    code, out = _run(capsys, *argv, "--reference", "numpy")
+    assert code == 1 and "[RMS_NORM] ERR =" in out and "Backend CPU: FAIL" in out
+
+
+def test_a_cpu_stream_of_numpy_kernels(rng):
+    from polydev.backends.array import TABLE
+    from polydev.errors import InvalidArgumentError
+
+    with polydev.init_backend("CPU", "numpy") as b:
+        assert b.name == "CPU-numpy" and b.kernels is TABLE
+    with pytest.raises(InvalidArgumentError, match="compiled, numpy, got 'fortran'"):
+        polydev.init_backend("CPU", "fortran")
+
+
 def test_support_mode_and_csv_output(capsys):
     code, out = _run(capsys, "support", "-b", "CPU", "-o", "MUL_MAT", "-p", "type_a=q2_K",
                      "--output", "csv")

@@ -11,17 +11,31 @@ from typing import ContextManager
 
 import numpy as np
 
+from polydev.backends.array import TABLE as NUMPY_TABLE
 from polydev.device import Backend
+from polydev.errors import InvalidArgumentError
+from polydev.kernels import KernelTable
 from polydev.numerics import check_numerics
+from polydev.tensor import Tensor
 
 from .env import NumpyEnv
 
+# What a stream computes with: the compiled kernels where they apply (the default), or the
+# numpy kernels alone (the reference ``polydev compare --reference numpy`` checks them against).
+KERNEL_SETS = ("compiled", "numpy")
+
 
 class CPUBackend(Backend):
-    """A numpy compute stream on the CPU device."""
+    """A numpy compute stream on the CPU device; ``kernels="numpy"`` leaves out the compiled
+    kernels (``init_backend("CPU", "numpy")``)."""
 
-    def __init__(self, device, n_threads: int | None = None, numerics: str | None = None) -> None:
-        super().__init__(device)
+    def __init__(self, device, n_threads: int | None = None, numerics: str | None = None,
+                 kernels: str = "compiled") -> None:
+        if kernels not in KERNEL_SETS:
+            raise InvalidArgumentError(f"the CPU backend's kernels are one of "
+                                       f"{', '.join(KERNEL_SETS)}, got {kernels!r}")
+        super().__init__(device, None if kernels == "compiled" else f"{device.name}-{kernels}")
+        self._numpy_only = kernels == "numpy"
         self.env = NumpyEnv(device.weight_cache)
         self.n_threads = None
         if n_threads is not None:
@@ -44,6 +58,13 @@ class CPUBackend(Backend):
         BLAS has one pool)."""
         self.device.set_blas_threads(n_threads)
         self.n_threads = self.env.n_threads = n_threads
+
+    @property
+    def kernels(self) -> KernelTable:
+        return NUMPY_TABLE if self._numpy_only else self.device.kernels
+
+    def supports_op(self, op: Tensor) -> bool:
+        return self.kernels.find(op) is not None
 
     def _compute_scope(self) -> ContextManager:
         return np.errstate(all="ignore")     # -inf masks and overflowing exps are expected

@@ -63,6 +63,10 @@ class CPUDevice(Device):
     def kernels(self) -> KernelTable:
         return CPU_TABLE
 
+    def _init_backend(self, params: str | None) -> CPUBackend:
+        """A stream; ``params`` "numpy": one that computes with the numpy kernels alone."""
+        return CPUBackend(self, kernels=params or "compiled")
+
     def _buffer_from_host_ptr(self, host: Any, max_tensor_size: int) -> Buffer:
         return self._mapped_buft.wrap(host)
 

@@ -24,6 +24,9 @@ from .report import ConsolePrinter, Printer, make_printer
 from .runner import Result, Status, run_perf, run_support, run_test
 
 REFERENCE_DEVICE = "CPU"
+# --reference: the CPU backend as it runs (compiled kernels where they apply), or its numpy
+# kernels alone (ggml's use_ref: then the compiled CPU kernels are checked like any device)
+REFERENCES = {"cpu": None, "numpy": "numpy"}
 CHUNK = 100            # cases per job with -j, as test-backend-ops hands them out
 
 
@@ -57,6 +60,10 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                    help="parallel jobs in test mode, each with its own backends (default 1)")
     p.add_argument("--seed", type=_count(0), default=0,
                    help="seed of the random inputs, 0 or more (default 0)")
+    p.add_argument("--reference", type=str.lower, choices=sorted(REFERENCES), default="cpu",
+                   help="what each device is compared with: cpu (default), the CPU backend as "
+                        "it runs; numpy, its numpy kernels alone, so that -b CPU checks the "
+                        "compiled CPU kernels against them")
     p.add_argument("--model", metavar="GGUF",
                    help="instead of the op cases: compute this model's graph for --prompt on "
                         "each -b device and on the CPU, node by node, and print the first node "
@@ -94,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     wanted = _wanted_devices(args.devices)
     printer = make_printer(args.output)
     if isinstance(printer, ConsolePrinter):
-        printer.start(len(devices))
+        reference = REFERENCE_DEVICE + ("" if args.reference == "cpu" else f"-{args.reference}")
+        printer.start(len(devices), reference if args.mode == "test" else "")
     devices_ok, failures = 0, []
     for i, device in enumerate(devices):
         if wanted is not None and device.name.lower() not in wanted:
@@ -170,7 +178,8 @@ def _run_device(device: Device, cases: Sequence[Case], args: argparse.Namespace,
     def run_chunk(chunk: Sequence[Case], seed: int, report: Callable[[Result], None]) -> list:
         rng = np.random.default_rng(seed)
         out = []
-        reference_backend = reference.init_backend() if args.mode == "test" else nullcontext()
+        reference_backend = (reference.init_backend(REFERENCES[args.reference])
+                             if args.mode == "test" else nullcontext())
         with device.init_backend() as backend, reference_backend as ref:
             for c in chunk:
                 if stop.is_set():

@@ -60,8 +60,9 @@ class ConsolePrinter(Printer):
     def _print(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
-    def start(self, n_devices: int) -> None:
-        self._print(f"Testing {n_devices} devices\n")
+    def start(self, n_devices: int, reference: str = "") -> None:
+        against = f" against {reference}" if reference else ""
+        self._print(f"Testing {n_devices} devices{against}\n")
 
     def device_header(self, index, total, name, description="", memory=None, skip_reason=""):
         self._print(f"Backend {index + 1}/{total}: {name}")
