@@ -17,12 +17,17 @@ def as_rows(a: Any, n: int) -> Any | None:
     """``a`` as a 2-D (rows, n) view with unit element stride, or None if that needs a copy."""
     if a.strides[-1] != a.itemsize:
         return None
-    rows = a.view()
     try:
-        rows.shape = (-1, n)
-    except AttributeError:
+        return a.reshape((-1, n), copy=False)
+    except ValueError:                  # the rows are not one stride apart
         return None
-    return rows
+    except TypeError:                   # numpy before 2.1, CuPy: no copy=; a view's shape
+        rows = a.view()
+        try:
+            rows.shape = (-1, n)
+        except AttributeError:
+            return None
+        return rows
 
 
 def row_blocks(n_rows: int, n: int, budget: int | None = None) -> Iterator[slice]:
