@@ -80,7 +80,7 @@ def assert_same_as_reader(path: Path) -> None:
 
 def test_constants_are_the_gguf_packages():
     """polydev's own copies of the two enums equal the gguf package's, name for value."""
-    from polydev.models.gguf_constants import GGUFValueType, TokenType
+    from polydev.models.gguf import GGUFValueType, TokenType
 
     for ours, theirs in ((GGUFValueType, gguf.GGUFValueType), (TokenType, gguf.TokenType)):
         assert {m.name: m.value for m in ours} == {m.name: m.value for m in theirs}

@@ -356,7 +356,7 @@ def test_a_token_listed_twice_is_an_error(tmp_path):
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(texts=st.lists(st.text(max_size=6), max_size=40))
 def test_token_texts_read_and_find_every_text_as_a_list_would(texts):
-    from polydev.models.token_texts import TokenTexts
+    from polydev.models.tokenizer.token_texts import TokenTexts
 
     table = TokenTexts(texts)
     assert len(table) == len(texts) and list(table) == texts

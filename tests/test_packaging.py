@@ -4,6 +4,7 @@ of the list breaks ``pip install .`` alone (as polydev.models.arch once did)."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,16 @@ def test_every_package_in_the_tree_is_listed():
     listed = set(config["packages"])
     assert in_tree - listed == set(), "packages missing from [tool.setuptools] packages"
     assert listed - in_tree == set(), "listed packages that are no folder of the tree"
+
+
+@pytest.mark.parametrize("module,names", [
+    ("polydev.models", ["GGUFFile", "GGUFTensorInfo", "StringArray", "Tokenizer", "Vocab"]),
+    ("polydev.models.gguf", ["GGUFFile", "GGUFTensorInfo", "StringArray", "GGUFValueType",
+                             "TokenType", "GGUF_MAGIC", "DEFAULT_ALIGNMENT"]),
+    ("polydev.models.tokenizer", ["Tokenizer", "Vocab"]),
+])
+def test_the_model_layers_public_imports_stay(module, names):
+    """The tokenizer and GGUF files moved into folders of their own; what users import did
+    not move."""
+    imported = importlib.import_module(module)
+    assert [n for n in names if not hasattr(imported, n)] == []

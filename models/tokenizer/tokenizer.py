@@ -1,16 +1,16 @@
 """Text to token ids and back, as llama.cpp does it, from a GGUF file's own vocabulary.
 
-Special tokens written in the text are split out first (``polydev.models.special_split``):
+Special tokens written in the text are split out first (``special_split.py``):
 control and unknown tokens only when ``parse_special`` is true, user-defined tokens always
 (llama.cpp's ``tokenizer_st_partition``). Each run of plain text between them is then
 encoded by the vocabulary's own model:
 
 - ``tokenizer.ggml.model == "llama"`` (SentencePiece): llama.cpp's merge-by-score algorithm
-  over the token scores (``polydev.models.spm``), with spaces escaped as U+2581 and, with
+  over the token scores (``spm.py``), with spaces escaped as U+2581 and, with
   ``add_space_prefix``, one prepended to the text at its start and after each special token.
-- ``"gpt2"``: llama.cpp's byte-level BPE over the file's merges (``polydev.models.bpe``),
+- ``"gpt2"``: llama.cpp's byte-level BPE over the file's merges (``bpe.py``),
   after llama.cpp's pre-tokenizer regexes for ``tokenizer.ggml.pre``
-  (``polydev.models.pretokenizers``).
+  (``pretokenizers.py``).
 
 Decoding follows llama.cpp's ``token_to_piece``/``detokenize`` over a table of per-token
 bytes, so streaming a token at a time gives the same bytes as decoding the whole list.
@@ -28,8 +28,7 @@ import numpy as np
 from polydev.errors import TokenizerError
 
 from .bpe import ByteLevelBPE, byte_level_decode
-from .gguf import GGUFFile, StringArray
-from .gguf_constants import TokenType
+from ..gguf import GGUFFile, StringArray, TokenType
 from .pretokenizers import PreTokenizer, pre_tokenizer
 from .special_split import SpecialTokenSplitter
 from .spm import SentencePieceEncoder

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .gguf_constants import TokenType
+from ..gguf import TokenType
 
 __all__ = ["SpecialTokenSplitter"]
 

@@ -29,7 +29,7 @@ from polydev.errors import GGUFError
 from polydev.lifetime import Resource
 from polydev.types import TYPE_TRAITS, GGMLType
 
-from .gguf_constants import GGUFValueType
+from .constants import GGUFValueType
 
 __all__ = ["GGUFFile", "GGUFTensorInfo", "StringArray", "GGUF_MAGIC", "DEFAULT_ALIGNMENT"]
 

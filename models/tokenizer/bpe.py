@@ -1,6 +1,6 @@
 """llama.cpp's byte-level BPE (``llm_tokenizer_bpe_session``), for "gpt2" vocabularies.
 
-Text is split into words by the pre-tokenizer's regexes (``polydev.models.pretokenizers``),
+Text is split into words by the pre-tokenizer's regexes (``pretokenizers.py``),
 each applied in turn to the pieces the previous one left; each word's UTF-8 bytes are mapped
 to GPT-2's printable characters, and its characters are merged pair by pair, the pair of
 lowest merge rank first (the leftmost of equal ranks). A merged symbol that is no token falls
