@@ -43,6 +43,11 @@ class UnsupportedOpError(UnsupportedError):
     """A backend has no kernel for an op with these types."""
 
 
+class CompileError(UnsupportedError):
+    """A backend's kernels did not build (the message holds the compiler's own lines): the
+    device cannot run them here."""
+
+
 class OutOfBoundsError(PolydevError, IndexError):
     """A read or write would leave a tensor's or buffer's memory."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import polydev
 from polydev.backends.cpu import native
 from polydev.backends.cpu.native import variants
 from polydev.errors import ConfigError
@@ -71,8 +72,27 @@ def test_without_an_installed_build_the_loader_builds_one_once(monkeypatch, tmp_
     assert lib.source_id == variants.source_id()
     builds = list((tmp_path / "kernels").glob("*.so"))
     assert len(builds) == 1
-    monkeypatch.setattr(native, "_build", lambda *a: pytest.fail("built twice"))
+    run = subprocess.run
+
+    def no_second_compile(args, *rest, **kwargs):
+        assert "-o" not in args, "built twice"
+        return run(args, *rest, **kwargs)
+    monkeypatch.setattr(native.subprocess, "run", no_second_compile)
     assert native._load().path == builds[0]
+
+
+def test_a_compiler_that_fails_leaves_the_numpy_path_and_says_why(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(native, "installed_path", lambda variant: None)
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
+    broken = tmp_path / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'broken-cc: error: no such target' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native._load() is None
+    assert "the CPU kernels" in caplog.text and "did not build" in caplog.text
+    assert "broken-cc: error: no such target" in caplog.text
+    assert list((tmp_path / "kernels").glob("*.so")) == []      # nothing half-written
 
 
 def test_without_kernels_or_compiler_the_numpy_path_is_said(monkeypatch, tmp_path, caplog):
@@ -110,3 +130,22 @@ def test_the_package_installs_without_a_compiler(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not list((tmp_path / "lib").rglob("*.so"))
+
+
+def test_supports_op_never_builds_and_a_stream_loads_the_kernels(monkeypatch):
+    """Builds happen as a device's first stream starts, never inside supports_op."""
+    from polydev import Context, GGMLType, ops
+
+    ctx = Context()
+    product = ops.mul_mat(ctx, ctx.new_tensor(GGMLType.Q4_0, (256, 8)),
+                          ctx.new_tensor(GGMLType.F32, (256, 2)))
+    native.kernels.cache_clear()
+    loads = []
+    monkeypatch.setattr(native, "_load", lambda: loads.append(1) or None)
+    try:
+        assert polydev.device("CPU").supports_op(product)          # the numpy kernel's answer
+        assert loads == []
+        with polydev.init_backend("CPU"):
+            assert loads == [1]
+    finally:
+        native.kernels.cache_clear()           # the real kernels again for the other tests

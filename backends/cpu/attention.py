@@ -19,14 +19,14 @@ from polydev.ops import FlashAttnParams, FlashAttnSources, alibi_slopes
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, pack, tensor_words
+from .native import kernels, loaded_kernels, pack, tensor_words
 
 F16, F32 = GGMLType.F16, GGMLType.F32
 
 
 def native_flash_attn_ok(node: Tensor) -> bool:
     q, k, v, mask, sinks = FlashAttnSources.of(node)
-    return (kernels() is not None and q.type == F32 and k.type == F16 and v.type == F16
+    return (loaded_kernels() is not None and q.type == F32 and k.type == F16 and v.type == F16
             and node.type == F32 and node.is_contiguous()
             and q.nb[0] == 4 and k.nb[0] == 2 and v.nb[0] == 2
             and (mask is None or mask.type == F16)

@@ -19,6 +19,7 @@ from polydev.numerics import check_numerics
 from polydev.tensor import Tensor
 
 from .env import NumpyEnv
+from .native import kernels as native_kernels
 
 # What a stream computes with: the compiled kernels where they apply (the default), or the
 # numpy kernels alone (the reference ``polydev compare --reference numpy`` checks them against).
@@ -36,6 +37,8 @@ class CPUBackend(Backend):
                                        f"{', '.join(KERNEL_SETS)}, got {kernels!r}")
         super().__init__(device, None if kernels == "compiled" else f"{device.name}-{kernels}")
         self._numpy_only = kernels == "numpy"
+        if not self._numpy_only:
+            native_kernels()             # loaded (built, where it must be) as the stream starts
         self.env = NumpyEnv(device.weight_cache)
         self.n_threads = None
         if n_threads is not None:

@@ -16,12 +16,12 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
 from .buffer import CPUBuffer
-from .native import kernels
+from .native import kernels, loaded_kernels
 
 
 def native_get_rows_ok(node: Tensor) -> bool:
     """One matrix of whole blocks the kernels decode, int32 indices, float32 rows out."""
-    lib = kernels()
+    lib = loaded_kernels()
     a, idx = node.src[0], node.src[1]
     if lib is None or node.type != GGMLType.F32 or idx.type != GGMLType.I32:
         return False

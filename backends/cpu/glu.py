@@ -14,14 +14,14 @@ from polydev.ops import GluOp, GluParams
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, pack
+from .native import kernels, loaded_kernels, pack
 
 F32 = GGMLType.F32
 
 
 def native_glu_ok(node: Tensor) -> bool:
     srcs = [s for s in node.src if s is not None]
-    return (kernels() is not None and GluParams.of(node).fn == GluOp.SWIGLU
+    return (loaded_kernels() is not None and GluParams.of(node).fn == GluOp.SWIGLU
             and node.type == F32 and all(s.type == F32 for s in srcs))
 
 

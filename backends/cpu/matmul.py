@@ -39,7 +39,7 @@ from polydev.types import GGMLType
 
 from .blas import product_macs, sized_for_blas
 from .buffer import CPUBuffer
-from .native import kernels, pack
+from .native import kernels, loaded_kernels, pack
 
 # up to this many activation rows the kernels multiply from the blocks; above, tiles + BLAS
 BLOCK_PRODUCT_ROWS = 32
@@ -51,7 +51,7 @@ INTERLEAVE_CHUNK_BYTES = 16 << 20   # a weight's bytes interleaved between two p
 def native_mul_mat_ok(node: Tensor) -> bool:
     """The kernels read the weight's type, the weight is one matrix of whole blocks, and the
     activations and result are float32 with unit element stride."""
-    lib = kernels()
+    lib = loaded_kernels()
     a, b = node.src[0], node.src[1]
     if lib is None or b.type != GGMLType.F32 or node.type != GGMLType.F32:
         return False

@@ -22,13 +22,13 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
 from .matmul import activation_bits, bind_product, interleaved_copy
-from .native import kernels, pack
+from .native import kernels, loaded_kernels, pack
 
 
 def native_mul_mat_id_ok(node: Tensor) -> bool:
     """The kernels read the experts' type, each expert is one matrix of whole blocks, and the
     activations, ids and result are as the array kernel takes them (float32, int32)."""
-    lib = kernels()
+    lib = loaded_kernels()
     a, b, ids = node.src[0], node.src[1], node.src[2]
     if lib is None or b.type != GGMLType.F32 or node.type != GGMLType.F32:
         return False

@@ -14,12 +14,13 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType
 from polydev.ops import NormParams
 
-from .native import kernels, pack, tensor_words
+from .native import kernels, loaded_kernels, pack, tensor_words
 
 
 def native_rms_norm_ok(node: Tensor) -> bool:
     a = node.src[0]
-    return (kernels() is not None and a.type == GGMLType.F32 and node.type == GGMLType.F32
+    return (loaded_kernels() is not None and a.type == GGMLType.F32
+            and node.type == GGMLType.F32
             and a.nb[0] == 4 and node.nb[0] == 4)
 
 

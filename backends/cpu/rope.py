@@ -18,12 +18,13 @@ from polydev.ops import RopeMode, RopeParams, RopeSources
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, pack, tensor_words
+from .native import kernels, loaded_kernels, pack, tensor_words
 
 
 def native_rope_ok(node: Tensor) -> bool:
     a = node.src[0]
-    return (kernels() is not None and RopeParams.of(node).mode in (RopeMode.NORMAL, RopeMode.NEOX)
+    return (loaded_kernels() is not None
+            and RopeParams.of(node).mode in (RopeMode.NORMAL, RopeMode.NEOX)
             and a.type == GGMLType.F32 and node.type == GGMLType.F32
             and a.nb[0] == 4 and node.nb[0] == 4)
 

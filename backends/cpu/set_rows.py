@@ -15,14 +15,14 @@ from polydev.backends.array.movement import bind_set_rows
 from polydev.tensor import Tensor
 from polydev.types import TYPE_TRAITS, GGMLType
 
-from .native import kernels, pack, tensor_words
+from .native import kernels, loaded_kernels, pack, tensor_words
 
 _DST_TYPES = (GGMLType.F32, GGMLType.F16)
 
 
 def native_set_rows_ok(node: Tensor) -> bool:
     b, c = node.src[0], node.src[1]
-    return (kernels() is not None and b.type == GGMLType.F32 and node.type in _DST_TYPES
+    return (loaded_kernels() is not None and b.type == GGMLType.F32 and node.type in _DST_TYPES
             and c.type in (GGMLType.I32, GGMLType.I64) and b.nb[0] == 4
             and node.nb[0] == TYPE_TRAITS[node.type].type_size)
 

@@ -9,7 +9,6 @@ tests check where a GPU exists.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import re
 import shutil
 import subprocess
@@ -20,10 +19,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from polydev.inflight import KernelErrorFlags
+from polydev.kernel_build import compile_cached
 from polydev.tensor import Tensor
 
 EMU_HEADER = Path(__file__).with_name("emu.h")
-_BUILD_DIR = Path(tempfile.gettempdir()) / "polydev-cuda-emu"
+FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-pthread")
 
 
 def compiler() -> str | None:
@@ -32,27 +32,28 @@ def compiler() -> str | None:
 
 
 def build(source: str) -> ctypes.CDLL:
-    """Compile CUDA ``source`` for the CPU (cached by its hash) and load it."""
-    header = EMU_HEADER.read_text()
-    key = hashlib.sha256((header + source).encode()).hexdigest()[:16]
-    lib = _BUILD_DIR / f"kernels-{key}.so"
-    if not lib.exists():
-        _BUILD_DIR.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=_BUILD_DIR))
-        body = work / "kernels.cpp"
-        body.write_text(source)
-        expanded = subprocess.run(
-            [compiler(), "-std=c++20", "-E", "-include", str(EMU_HEADER), str(body)],
-            check=True, capture_output=True, text=True).stdout
-        names = sorted(set(re.findall(r'extern "C" void (\w+)\s*\(', expanded))
-                       - {n for n in re.findall(r'extern "C" void (emu_\w+)', expanded)})
-        body.write_text(source + "\n" + "\n".join(f"EMU_EXPORT({n})" for n in names) + "\n")
-        subprocess.run([compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
-                        "-include", str(EMU_HEADER), str(body), "-o", str(work / "k.so")],
-                       check=True, capture_output=True, text=True)
-        (work / "k.so").replace(lib)
-        shutil.rmtree(work, ignore_errors=True)
-    return ctypes.CDLL(str(lib))
+    """Compile CUDA ``source`` for the CPU (through the runtime's compile_cached, as every
+    backend builds its kernels) and load it."""
+    cxx = compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+
+    def compile(target: Path) -> None:
+        with tempfile.TemporaryDirectory() as work:
+            body = Path(work) / "kernels.cpp"
+            body.write_text(source)
+            expanded = subprocess.run(
+                [cxx, "-std=c++20", "-E", "-include", str(EMU_HEADER), str(body)],
+                check=True, capture_output=True, text=True).stdout
+            names = sorted(set(re.findall(r'extern "C" void (\w+)\s*\(', expanded))
+                           - {n for n in re.findall(r'extern "C" void (emu_\w+)', expanded)})
+            exports = "\n".join(f"EMU_EXPORT({n})" for n in names)
+            body.write_text(f"{source}\n{exports}\n")
+            subprocess.run([cxx, *FLAGS, "-include", str(EMU_HEADER), str(body), "-o",
+                            str(target)], check=True, capture_output=True, text=True)
+    path = compile_cached("cuda-emu", "the CUDA kernels for the CPU emulation",
+                          {"emu.h": EMU_HEADER.read_text(), "kernels.cu": source}, FLAGS,
+                          {"compiler": cxx, "version": version}, compile, suffix=".so")
+    return ctypes.CDLL(str(path))
 
 
 class EmuLauncher:

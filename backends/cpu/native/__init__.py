@@ -9,8 +9,10 @@ They are compiled as the package is built or installed (setup.py), one library p
 feature level (``variants.py``), so no compiler is needed at run time. ``kernels()`` loads the
 best level this CPU can run and logs once which one. Where no installed library was built from
 these sources (a checkout that was never installed, or an editable install whose C files have
-changed since) and a C compiler is here (``$CC``, else ``cc``), it builds that level into
-``$POLYDEV_CACHE_DIR/kernels`` under a name that hashes the sources, flags and compiler.
+changed since) and a C compiler is here (``$CC``, else ``cc``), it builds that level with the
+runtime's ``compile_cached`` into ``$POLYDEV_CACHE_DIR/kernels``, under a name that hashes the
+sources, flags and compiler. The CPU backend loads them as its first stream starts
+(``kernels()``); a type rule asks only ``loaded_kernels()``, which never builds.
 
 Without either, or with ``POLYDEV_CPU_NATIVE=0``, ``kernels()`` is None and the CPU backend
 keeps its numpy path, the reference, which gives the same values up to the order of the sums.
@@ -27,14 +29,13 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from polydev.env import cache_dir, env_int, env_text
-from polydev.errors import ConfigError
+from polydev.env import env_int, env_text
+from polydev.errors import CompileError, ConfigError
+from polydev.kernel_build import compile_cached
 
 from . import variants
 from .variants import Variant
@@ -167,26 +168,22 @@ def _build_flags(variant: Variant, openmp: bool) -> list[str]:
             *defines, "-fPIC", "-shared"]
 
 
-def _identity(cc: str, flags: list[str]) -> str:
-    """A checksum of what a build depends on beyond the sources (whose checksum is among the
-    flags): the flags and the compiler."""
+def _compiler_identity(cc: str) -> dict[str, str]:
+    """What a build depends on beyond its sources and flags: the compiler, by its path and
+    its own version text."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    data = "\0".join([*flags, version.stdout]).encode()
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+    return {"compiler": cc, "version": version.stdout}
 
 
-def _build(cc: str, flags: list[str], target: Path) -> None:
-    """Compile into a temporary file beside ``target``, then rename: never half a library."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES)], check=True,
+def _build(cc: str, variant: Variant, flags: list[str]) -> Path:
+    """The library of ``variant`` built with ``flags`` (the cache's, where built before)."""
+    sources = {p.name: p.read_bytes() for p in sorted(HERE.glob("*.[ch]"))}
+
+    def compile(target: Path) -> None:
+        subprocess.run([cc, *flags, "-o", str(target), *map(str, SOURCES)], check=True,
                        capture_output=True, text=True, timeout=300)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    return compile_cached("kernels", f"the CPU kernels ({variant.name})", sources, flags,
+                          _compiler_identity(cc), compile, suffix=".so")
 
 
 def _open_library(path: Path) -> ctypes.CDLL:
@@ -224,19 +221,15 @@ def _load_built(variant: Variant) -> NativeKernels | None:
                     "(set $CC or reinstall polydev): the CPU backend multiplies quantized "
                     "weights through float32 copies, which is slower and uses more memory")
         return None
-    last_error = None
+    last_error: Exception | None = None
     for openmp in (True, False):                  # without OpenMP: one thread, still correct
-        flags = _build_flags(variant, openmp)
-        target = cache_dir("kernels") / f"kernels-{_identity(cc, flags)}.so"
         try:
-            if not target.exists():
-                log.info("building the CPU kernels (%s) with %s into %s", variant.name, cc, target)
-                _build(cc, flags, target)
+            target = _build(cc, variant, _build_flags(variant, openmp))
             return NativeKernels(_open_library(target), target, "built")
-        except (OSError, subprocess.SubprocessError) as e:
-            last_error = getattr(e, "stderr", None) or str(e)
-    log.warning("the CPU kernels did not build (%s): the CPU backend multiplies quantized "
-                "weights through float32 copies", str(last_error).strip().splitlines()[-1:])
+        except (CompileError, OSError) as e:
+            last_error = e
+    log.warning("%s: the CPU backend multiplies quantized weights through float32 copies",
+                last_error)
     return None
 
 
@@ -250,7 +243,14 @@ def _load() -> NativeKernels | None:
 
 @functools.lru_cache(maxsize=1)
 def kernels() -> NativeKernels | None:
-    """The compiled kernels (see the module); None where there are none: the numpy path."""
+    """The compiled kernels, loaded (and built, where they must be) on the first call; None
+    where there are none: the numpy path. The CPU backend calls it as a stream starts."""
     if not env_int(DISABLE_ENV):
         return None
     return _load()
+
+
+def loaded_kernels() -> NativeKernels | None:
+    """The compiled kernels where ``kernels()`` has loaded them, else None; never builds
+    (what a type rule asks, so that ``supports_op`` never starts a compiler)."""
+    return kernels() if kernels.cache_info().currsize else None
