@@ -307,15 +307,35 @@ def test_an_f16_weight_decodes_exactly_in_the_decode_product(dev):
 def test_the_work_group_kernels_of_gpus_still_agree_on_a_cpu_device(capsys, dev, monkeypatch):
     """CPU devices take the barrier-free decode product and attention; the work-group kernels
     GPUs take are checked here on the same PoCL device, against the CPU backend."""
+    from polydev.backends.opencl.probe import compiler_identity
     from polydev.backends.opencl.programs import ProgramCache
     from polydev.tools.cli import main
 
     monkeypatch.setattr(dev, "barrier_free", False)
-    monkeypatch.setattr(dev, "_programs", ProgramCache(dev.cl, dev.platform.context,
-                                                       dev.cl_device, {"LS": dev.row_group_size,
-                                                                       "TS": dev.tile_size}))
+    monkeypatch.setattr(dev, "_programs", ProgramCache(
+        dev.cl, dev.platform.context, dev.cl_device,
+        {"LS": dev.row_group_size, "TS": dev.tile_size},
+        compiler_identity(dev.platform.platform, dev.cl_device)))
     code = main(["compare", "-b", dev.name, "-o", "MUL_MAT,FLASH_ATTN_EXT,CPY",
                  "-p", r"n=1,|nb=1,|type_src=f16"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert int(out.split(" tests passed")[0].split()[-1].split("/")[0]) > 50
+
+
+def test_a_program_that_does_not_build_is_a_compile_error_naming_it(dev, monkeypatch, tmp_path):
+    """The driver's own error lines, the program and the device named; nothing cached."""
+    from polydev.backends.opencl.probe import compiler_identity
+    from polydev.backends.opencl.programs import ProgramCache
+    from polydev.errors import CompileError
+
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
+    programs = ProgramCache(dev.cl, dev.platform.context, dev.cl_device,
+                            {"LS": dev.row_group_size, "TS": dev.tile_size},
+                            compiler_identity(dev.platform.platform, dev.cl_device))
+    with pytest.raises(CompileError, match=r"OpenCL program rows\.cl on .* did not build: .*"
+                                           r"error"):
+        programs.kernel("rows", "get_rows", DST_T="no_such_type")
+    assert [p for p in (tmp_path / "opencl").glob("*.bin")] == []
+    assert programs.kernel("rows", "get_rows", DST_T="f32") is not None    # the others build
+    assert len(list((tmp_path / "opencl").glob("*.bin"))) == 1

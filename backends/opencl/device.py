@@ -13,6 +13,7 @@ from .backend import OpenCLBackend, OpenCLEvent
 from .buffer import OpenCLBufferType, OpenCLHostBufferType, OpenCLMappedBufferType
 from .kernels import TABLE
 from .platform import PlatformContext
+from .probe import compiler_identity
 from .programs import ProgramCache
 
 ROW_GROUP_SIZE = 64      # work-items per row in the row kernels (a power of two)
@@ -87,8 +88,9 @@ class OpenCLDevice(Device):
                 defaults = {"LS": self.row_group_size, "TS": self.tile_size}
                 if self.barrier_free:        # a CPU driver: see common.h
                     defaults["HALF_BY_BITS"] = defaults["VLOAD_BY_CAST"] = True
-                self._programs = ProgramCache(self.cl, self.platform.context, self.cl_device,
-                                              defaults)
+                self._programs = ProgramCache(
+                    self.cl, self.platform.context, self.cl_device, defaults,
+                    compiler_identity(self.platform.platform, self.cl_device))
             return self._programs
 
     # --- memory -------------------------------------------------------------------------------

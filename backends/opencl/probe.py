@@ -101,14 +101,19 @@ def run_probe(cl: Any, context: Any, device: Any, keep: list) -> str | None:
     return None
 
 
-def device_key(platform_index: int, platform: Any, device: Any) -> dict[str, object]:
-    """Everything a device's answer depends on: the platform (its place in the ICD loader's
-    list, as two installs of one driver differ by nothing else), the driver, the device (whose
-    version names the compiler's target CPU on PoCL) and this machine's CPU."""
-    return {"platform_index": platform_index, "platform": platform.name.strip(),
-            "platform_version": platform.version.strip(), "device": device.name.strip(),
-            "device_version": device.version.strip(),
+def compiler_identity(platform: Any, device: Any) -> dict[str, object]:
+    """What a program's binary depends on besides its source and options: the platform, the
+    driver, the device (whose version names the compiler's target CPU on PoCL) and this
+    machine's CPU."""
+    return {"platform": platform.name.strip(), "platform_version": platform.version.strip(),
+            "device": device.name.strip(), "device_version": device.version.strip(),
             "driver_version": device.driver_version.strip(), "cpu": host_cpu()}
+
+
+def device_key(platform_index: int, platform: Any, device: Any) -> dict[str, object]:
+    """Everything a device's answer depends on: the compiler's identity, and the platform's
+    place in the ICD loader's list (two installs of one driver differ by nothing else)."""
+    return {"platform_index": platform_index, **compiler_identity(platform, device)}
 
 
 def probe_devices(platform_index: int, platform: Any,

@@ -2,9 +2,11 @@
 
 Each program is one ``cl/*.cl`` file after ``cl/common.h``, built for one device with the
 options that specialise it (types, the function, work-group sizes taken from the device's
-capabilities). pyopencl keeps the binaries in its on-disk cache, so a second process skips the
-compiler. Every bound graph node gets a kernel object of its own, so its arguments are set once
-and a replay only enqueues.
+capabilities). The driver's binary of each goes through the runtime's ``compile_cached``
+(keyed by source, options, platform, driver and device), so a second process loads it instead
+of compiling. Every bound graph node gets a kernel object of its own, so its arguments are set
+once and a replay only enqueues. A program that does not build is a ``CompileError`` with the
+driver's own lines, raised where a plan binds the node (never in ``supports_op``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import threading
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any, Mapping
 
-from polydev.errors import UnsupportedError
+from polydev.errors import CompileError
+from polydev.kernel_build import compile_cached
 
 from .probe import compiler_message
 
@@ -28,9 +32,11 @@ def _source(name: str) -> str:
 class ProgramCache:
     """The built programs of one device, keyed by (source file, options)."""
 
-    def __init__(self, cl: Any, context: Any, device: Any, defaults: Mapping[str, object]) -> None:
+    def __init__(self, cl: Any, context: Any, device: Any, defaults: Mapping[str, object],
+                 identity: Mapping[str, object]) -> None:
         self.cl, self.context, self.device = cl, context, device
         self.defaults = dict(defaults)
+        self.identity = dict(identity)        # the platform, driver and device (probe.py)
         self._programs: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -46,9 +52,21 @@ class ProgramCache:
 
     def _build(self, source: str, options: Mapping[str, object]) -> Any:
         flags = [f"-D{k}" if v is True else f"-D{k}={v}" for k, v in options.items()]
+        what = f"OpenCL program {source}.cl on {self.device.name.strip()}"
+        text = _source(source)
+
+        def compile(target: Path) -> None:
+            try:
+                program = self.cl.Program(self.context, text).build(options=flags,
+                                                                     devices=[self.device])
+            except self.cl.Error as e:      # the driver's build log, in its own words
+                raise CompileError(f"{what} did not build: {compiler_message(e)}") from None
+            target.write_bytes(program.binaries[0])
+        binary = compile_cached("opencl", what, {f"{source}.cl": text}, flags, self.identity,
+                                compile, suffix=".bin")
         try:
-            return self.cl.Program(self.context, _source(source)).build(
+            return self.cl.Program(self.context, [self.device], [binary.read_bytes()]).build(
                 options=flags, devices=[self.device])
-        except self.cl.Error as e:        # a kernel that does not build on this device
-            raise UnsupportedError(f"OpenCL program {source}.cl does not build on "
-                                   f"{self.device.name}: {compiler_message(e)}") from None
+        except self.cl.Error as e:          # a cached binary this driver no longer takes
+            raise CompileError(f"{what}: the driver refused its cached binary {binary}: "
+                               f"{compiler_message(e)}") from None
