@@ -227,11 +227,11 @@ def test_a_driver_that_hangs_in_the_probe_is_left_out(tmp_path, monkeypatch):
 # --- CUDA: a GPU whose kernels do not build ------------------------------------------------------
 
 def _stand_in_cupy(n_gpus: int, broken: set[int]):
-    """CuPy over stand-in GPUs; RawModule.compile fails on the GPUs in ``broken`` as NVRTC's
-    CompileException does, with the log in its message."""
+    """CuPy over stand-in GPUs; NVRTC fails for the architecture of the GPUs in ``broken``
+    (each GPU has its own), with its log as NVRTC gives it."""
     import contextlib
 
-    class CompileException(Exception):
+    class NVRTCError(Exception):
         pass
 
     current = [0]
@@ -241,49 +241,59 @@ def _stand_in_cupy(n_gpus: int, broken: set[int]):
         current[0] = index
         yield
 
-    class RawModule:
-        def __init__(self, code, options):
-            pass
+    def compile_program(program, options):
+        if any(option.endswith(tuple(f"sm_9{i}" for i in broken)) for option in options):
+            raise NVRTCError("NVRTC_ERROR_COMPILATION (6)")
 
-        def compile(self):
-            if current[0] in broken:
-                raise CompileException("default_program(12): error: identifier \"__hmax\" is "
-                                       "undefined\n1 error detected in the compilation")
+    class Module:
+        def load(self, cubin):
+            assert cubin == b"cubin"
+
+    nvrtc = SimpleNamespace(
+        getVersion=lambda: (13, 0), NVRTCError=NVRTCError,
+        createProgram=lambda source, name, headers, names: 1, compileProgram=compile_program,
+        getProgramLog=lambda program: ("polydev.cu(12): error: identifier \"__hmax\" is "
+                                       "undefined\n1 error detected in the compilation"),
+        getCUBIN=lambda program: b"cubin", destroyProgram=lambda program: None)
 
     runtime = SimpleNamespace(
         getDeviceCount=lambda: n_gpus, driverGetVersion=lambda: 13000,
         getDeviceProperties=lambda i: {"name": f"GPU {i}".encode(), "integrated": 0,
-                                       "major": 9, "minor": 0},
+                                       "major": 9, "minor": i},
         deviceGetPCIBusId=lambda i: f"0000:{i:02x}:00.0", CUDARuntimeError=RuntimeError)
-    cuda = SimpleNamespace(runtime=runtime, Device=use,
-                           nvrtc=SimpleNamespace(getVersion=lambda: (13, 0)))
-    return SimpleNamespace(cuda=cuda, RawModule=RawModule, __version__="14.0.0")
+    cuda = SimpleNamespace(runtime=runtime, Device=use, nvrtc=nvrtc,
+                           function=SimpleNamespace(Module=Module))
+    return SimpleNamespace(cuda=cuda, __version__="14.0.0")
 
 
-def test_a_gpu_whose_kernels_do_not_build_is_listed_unusable_with_the_reason(monkeypatch):
+def test_a_gpu_whose_kernels_do_not_build_is_listed_unusable_with_the_reason(monkeypatch,
+                                                                             tmp_path):
     from polydev.backends import cuda
 
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(sys.modules, "cupy", _stand_in_cupy(3, broken={1}))
     reg = cuda._make_reg()
     assert [(d.name, d.index, d.description) for d in reg.devices] == [
         ("CUDA0", 0, "GPU 0"), ("CUDA1", 2, "GPU 2")]
     (left_out,) = reg.excluded
     assert left_out.description == "GPU 1 GPU 1"
-    assert left_out.reason == ("its kernels do not build: CompileException: "
-                               "default_program(12): error: identifier \"__hmax\" is undefined; "
-                               "1 error detected in the compilation")
+    assert left_out.reason == ("the CUDA kernels for GPU 1 did not build: polydev.cu(12): error: "
+                               "identifier \"__hmax\" is undefined; 1 error detected in the "
+                               "compilation")
+    assert len(list((tmp_path / "cuda").glob("*.cubin"))) == 2     # one per architecture
     again = cuda._make_reg()                                  # from the cache: no build
     assert [e.reason for e in again.excluded] == [left_out.reason]
 
 
-def test_no_gpu_that_builds_means_no_devices_and_the_reason(monkeypatch):
+def test_no_gpu_that_builds_means_no_devices_and_the_reason(monkeypatch, tmp_path):
     from polydev.backends import cuda
 
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(sys.modules, "cupy", _stand_in_cupy(1, broken={0}))
     reg = cuda._make_reg()
     assert reg.devices == []
-    assert reg.unavailable_reason.startswith("no GPU can run the backend's kernels (its "
-                                             "kernels do not build: CompileException")
+    assert reg.unavailable_reason.startswith("no GPU can run the backend's kernels (the CUDA "
+                                             "kernels for GPU 0 did not build: polydev.cu(12)")
 
 
 def test_required_opencl_without_a_usable_device_stops_the_run_with_one_line():

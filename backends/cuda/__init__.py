@@ -80,8 +80,8 @@ def _probe_gpus(cupy, count: int) -> list[tuple[str | None, bool]]:
             try:
                 KernelModule(cupy, index).build()
                 answers.append(None)
-            except Exception as e:     # CompileException, CUDADriverError, ...
-                answers.append(f"its kernels do not build: {build_error(e)}")
+            except Exception as e:     # CompileError, CUDADriverError, ...
+                answers.append(build_error(e))
         return answers
 
     return cached_probes("cuda", [build_key(cupy, i) for i in range(count)], build)
