@@ -18,7 +18,6 @@ starts (its first stream) or a plan binds a node, never when ``supports_op`` ask
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import tempfile
@@ -42,6 +41,10 @@ def build_key(sources: Mapping[str, str | bytes], options: Sequence[str],
               identity: Mapping[str, object]) -> str:
     """A digest of everything an artifact depends on: each source's name and text, the
     options in order, and the compiler's and device's identity (name: value pairs)."""
+    # imported here: hashlib loads OpenSSL's libcrypto (4 MiB of resident memory), which a
+    # process whose kernels are installed never needs
+    import hashlib
+
     digest = hashlib.sha256()
     for name in sorted(sources):
         text = sources[name]
