@@ -10,7 +10,7 @@ in float32 through BLAS.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 from polydev.tensor import Tensor
 
@@ -28,12 +28,31 @@ def batch_views(a_shape, b, d):
     return b, d, lambda a: a.reshape(a3, 1, a2, 1, *a.shape[2:])
 
 
+class ProductOperands(NamedTuple):
+    """A product's operands as its kernels take them: the weight's values (a call into the
+    backend's conversion cache), views of b and the result, and both split into a's batches
+    (``batch_views``)."""
+
+    weight: Callable[[], Any]
+    b: Any
+    d: Any
+    b_batched: Any
+    d_batched: Any
+    expand_a: Callable[[Any], Any]
+
+
+def product_operands(env, node: Tensor, weight_of: Callable[[Tensor], Callable[[], Any]]
+                     ) -> ProductOperands:
+    """MUL_MAT's or OUT_PROD's operands, the weight (src 0) read through ``weight_of`` (the
+    backend's ``weight_f32``, or a half-precision one)."""
+    a_t = node.src[0]
+    b, d = env.view(node.src[1]), env.view(node)
+    return ProductOperands(weight_of(a_t), b, d, *batch_views(a_t.shape, b, d))
+
+
 def bind_mul_mat(env, node: Tensor) -> Callable[[], None]:
-    xp = env.xp
-    a_t, b_t = node.src[0], node.src[1]
-    weight = env.weight_f32(a_t)
-    b, d = env.view(b_t), env.view(node)
-    b_batched, d_batched, expand_a = batch_views(a_t.shape, b, d)
+    xp, a_t = env.xp, node.src[0]
+    weight, b, d, b_batched, d_batched, expand_a = product_operands(env, node, env.weight_f32)
     needs_f32 = b.dtype != xp.float32
     # BLAS wants unit stride along K; a permuted b is made contiguous per call
     packed = b.strides[-1] == b.itemsize
@@ -56,10 +75,7 @@ def bind_mul_mat(env, node: Tensor) -> Callable[[], None]:
 def bind_out_prod(env, node: Tensor) -> Callable[[], None]:
     """OUT_PROD: dst (b3, b2, N, M) = b(b3, b2, K, N).T @ a(a3, a2, K, M)."""
     xp = env.xp
-    a_t, b_t = node.src[0], node.src[1]
-    a = env.weight_f32(a_t)
-    b, d = env.view(b_t), env.view(node)
-    b_batched, d_batched, expand_a = batch_views(a_t.shape, b, d)
+    a, _, _, b_batched, d_batched, expand_a = product_operands(env, node, env.weight_f32)
 
     def run() -> None:
         rhs = b_batched if b_batched.dtype == xp.float32 else b_batched.astype(xp.float32)

@@ -15,7 +15,7 @@ from typing import Callable
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from polydev.backends.array.matmul import batch_views, bind_mul_mat
+from polydev.backends.array.matmul import bind_mul_mat, product_operands
 
 from .binders import ROW_TYPE_NAMES
 
@@ -30,10 +30,7 @@ def bind_half_gemm(env, node: Tensor) -> Callable[[], None]:
     if env.backend.numerics == "exact":
         return bind_mul_mat(env, node)
     xp = env.xp
-    a_t, b_t = node.src[0], node.src[1]
-    weight = env.weight_f16(a_t)
-    b, d = env.view(b_t), env.view(node)
-    b_batched, d_batched, expand_a = batch_views(a_t.shape, b, d)
+    weight, _, _, b_batched, d_batched, expand_a = product_operands(env, node, env.weight_f16)
 
     def run() -> None:
         rhs = b_batched if b_batched.dtype == xp.float16 else b_batched.astype(xp.float16)
