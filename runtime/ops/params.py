@@ -257,19 +257,9 @@ class FlashAttnSources(NamedTuple):
 # --- convolution and pooling -----------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Im2ColParams(OpParams):
-    OPS: ClassVar[frozenset] = frozenset({Op.IM2COL})
-    s0: int
-    s1: int
-    p0: int
-    p1: int
-    d0: int
-    d1: int
-    is_2d: bool
-
-
-@dataclass(frozen=True)
 class Conv2dParams(OpParams):
+    """Stride, padding and dilation along dimensions 0 and 1."""
+
     OPS: ClassVar[frozenset] = frozenset({Op.CONV_2D, Op.CONV_2D_DW})
     s0: int
     s1: int
@@ -277,6 +267,14 @@ class Conv2dParams(OpParams):
     p1: int
     d0: int
     d1: int
+
+
+@dataclass(frozen=True)
+class Im2ColParams(Conv2dParams):
+    """A convolution's geometry, and whether it is 2-D (else dimension 1's values are 1)."""
+
+    OPS: ClassVar[frozenset] = frozenset({Op.IM2COL})
+    is_2d: bool = True
 
 
 @dataclass(frozen=True)
@@ -394,18 +392,24 @@ class PadReflect1dParams(OpParams):
 
 
 @dataclass(frozen=True)
-class RollParams(OpParams):
-    """ROLL: ``shifts[d]`` along dimension d (ggml's order, dimension 0 first)."""
-
-    OPS: ClassVar[frozenset] = frozenset({Op.ROLL})
-    shifts: tuple[int, int, int, int]
+class _PerDimension(OpParams):
+    """A record of one value per dimension, ggml's order (dimension 0 first)."""
 
     @classmethod
-    def _unpack(cls, params: tuple) -> "RollParams":
+    def _unpack(cls, params: tuple):
         return cls(tuple(params[:4]))
 
     def pack(self) -> tuple:
-        return tuple(int(s) for s in self.shifts)
+        (values,) = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return tuple(int(v) for v in values)
+
+
+@dataclass(frozen=True)
+class RollParams(_PerDimension):
+    """ROLL: ``shifts[d]`` along dimension d."""
+
+    OPS: ClassVar[frozenset] = frozenset({Op.ROLL})
+    shifts: tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -435,15 +439,8 @@ class ViewParams(OpParams):
 
 
 @dataclass(frozen=True)
-class PermuteParams(OpParams):
+class PermuteParams(_PerDimension):
     """PERMUTE: source dimension d becomes dimension ``axes[d]``."""
 
     OPS: ClassVar[frozenset] = frozenset({Op.PERMUTE})
     axes: tuple[int, int, int, int]
-
-    @classmethod
-    def _unpack(cls, params: tuple) -> "PermuteParams":
-        return cls(tuple(params[:4]))
-
-    def pack(self) -> tuple:
-        return tuple(int(a) for a in self.axes)
