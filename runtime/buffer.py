@@ -348,7 +348,9 @@ class MultiBuffer(Buffer):
 
 # --- tensor data (ggml_backend_tensor_set / get / memset / copy) --------------------------------
 
-def _data_buffer(t: Tensor) -> Buffer:
+def data_buffer(t: Tensor) -> Buffer:
+    """The open buffer holding ``t``'s bytes (its view source's for a view); a typed error
+    where ``t`` is not allocated or its buffer was closed."""
     buf = t.view_src.buffer if t.view_src is not None else t.buffer
     if buf is None or t.buffer is None:
         raise NotAllocatedError(f"tensor {t.name or '<unnamed>'} ne={list(t.ne)} is not allocated")
@@ -357,9 +359,8 @@ def _data_buffer(t: Tensor) -> Buffer:
 
 
 def check_range(t: Tensor, offset: int, size: int, what: str) -> None:
-    """That ``t`` is allocated in an open buffer and bytes [offset, offset + size) lie within
-    it (ggml asserts both); a typed error naming the tensor otherwise."""
-    _data_buffer(t)
+    """That bytes [offset, offset + size) lie within ``t`` (ggml asserts it), the offset a
+    whole number; a typed error naming the tensor otherwise."""
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
         raise InvalidArgumentError(f"{what}: the byte offset must be an integer, got "
                                    f"{type(offset).__name__}")
@@ -398,7 +399,7 @@ def as_bytes(data) -> np.ndarray:
 def tensor_set(t: Tensor, data, offset: int = 0) -> None:
     """Write raw bytes (any buffer-protocol object) into ``t`` at byte ``offset``; blocking."""
     raw = as_bytes(data)
-    buf = _data_buffer(t)
+    buf = data_buffer(t)
     if raw.size == 0:
         return
     check_range(t, offset, raw.size, "write")
@@ -409,7 +410,7 @@ def tensor_set(t: Tensor, data, offset: int = 0) -> None:
 def tensor_get(t: Tensor, offset: int = 0, size: int | None = None,
                out: np.ndarray | None = None) -> np.ndarray:
     """Read ``size`` raw bytes (default: to the end of ``t``) into ``out`` or a new uint8 array."""
-    buf = _data_buffer(t)
+    buf = data_buffer(t)
     if size is None:
         size = (out.nbytes if out is not None else t.nbytes - offset)
     check_range(t, offset, size, "read")
@@ -427,7 +428,7 @@ def tensor_get(t: Tensor, offset: int = 0, size: int | None = None,
 
 def tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
     """Set ``size`` bytes of ``t`` (default: all) to ``value``."""
-    buf = _data_buffer(t)
+    buf = data_buffer(t)
     if size is None:
         size = t.nbytes - offset
     check_range(t, offset, size, "memset")
@@ -476,7 +477,7 @@ def wrap_host_memory(host) -> np.ndarray:
 
 def host_bytes(t: Tensor) -> np.ndarray:
     """The bytes of a host-resident tensor as a uint8 view (no copy)."""
-    buf = _data_buffer(t)
+    buf = data_buffer(t)
     return buf.host_array[t.offset:t.offset + t.nbytes]
 
 
@@ -489,7 +490,7 @@ def tensor_copy(src: Tensor, dst: Tensor) -> None:
                          f"{dst.type} ne={list(dst.ne)} nb={list(dst.nb)}")
     if src is dst:
         return
-    sbuf, dbuf = _data_buffer(src), _data_buffer(dst)
+    sbuf, dbuf = data_buffer(src), data_buffer(dst)
     if sbuf.is_host:
         tensor_set(dst, host_bytes(src))
     elif dbuf.is_host:

@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import numpy as np
 
-from .buffer import (Buffer, BufferType, as_bytes, check_range, output_bytes, tensor_copy,
-                     tensor_get, tensor_set)
+from .buffer import (Buffer, BufferType, as_bytes, check_range, data_buffer, output_bytes,
+                     tensor_copy, tensor_get, tensor_set)
 from .errors import (ClosedError, InvalidArgumentError, NotAllocatedError, ShapeError,
                      UnsupportedError, UnsupportedOpError)
 from .hooks import overrides
@@ -311,6 +311,7 @@ class Backend(Resource):
         or any on a stream without async transfers) is written after a synchronize."""
         self._check_open()
         raw = as_bytes(data)
+        data_buffer(t)
         check_range(t, offset, raw.size, "set_tensor_async")
         if raw.size == 0:
             return
@@ -326,6 +327,7 @@ class Backend(Resource):
         array, as many bytes as it holds); ``out`` holds them after ``synchronize()``."""
         self._check_open()
         target = output_bytes(out, "get_tensor_async")
+        data_buffer(t)
         check_range(t, offset, target.size, "get_tensor_async")
         if target.size == 0:
             return
