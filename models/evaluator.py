@@ -22,7 +22,7 @@ from polydev.errors import ContextFullError, InvalidArgumentError
 from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
-from .arch import builder
+from .arch import architecture, builder
 from .batch import Batch, UBatch
 from .kv_cache import KVCache
 from .kv_cells import MAX_SEQUENCES
@@ -76,7 +76,8 @@ class Evaluator(Resource):
         if n_batch <= 0:
             raise InvalidArgumentError(f"n_batch must be positive, got {n_batch}")
         self.hp = weights.placement.hparams
-        self.weights, self.kv, self.n_batch = Weights(weights), kv, n_batch
+        self.weights = Weights(weights, architecture(self.hp.arch))
+        self.kv, self.n_batch = kv, n_batch
         self._build = builder(self.hp.arch)
         placement = weights.placement
         used = {d.name for d in placement.layer_devices} | {d.name for d in placement.kv_devices}

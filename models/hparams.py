@@ -1,17 +1,29 @@
 """A model's hyperparameters, read from its GGUF metadata under ``<architecture>.*`` keys
-(llama.cpp's ``llama_hparams``), with llama.cpp's defaults where a key is optional."""
+(llama.cpp's ``llama_hparams``): the keys every architecture has, then those its table entry
+(``models/arch/table.py``) lists, each with llama.cpp's default where it is optional.
+
+Every value is checked as it is read, before anything is sized by it: a key of the wrong type
+or out of range (no heads, heads that do not divide, 10^9 layers, more experts used than
+there are) is a ``ModelFileError`` naming the key, never a traceback or a huge allocation.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
-from polydev.errors import GGUFError, UnsupportedError
+from polydev.errors import GGUFError, ModelFileError, UnsupportedError
 
+from .arch import REQUIRED, Architecture, architecture
 from .gguf import GGUFFile
 
-__all__ = ["HParams"]
+__all__ = ["HParams", "MAX_LAYERS", "MAX_EXPERTS"]
+
+MAX_LAYERS = 512                  # llama.cpp's LLAMA_MAX_LAYERS
+MAX_EXPERTS = 1024                # llama.cpp's LLAMA_MAX_EXPERTS
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,7 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0                 # feed-forward width of one expert
+    n_ff_shexp: int = 0               # of the shared expert
     sliding_window: int = 0
     swa_layers: tuple[bool, ...] = ()  # per layer: attends over the sliding window
     rms_eps: float = 1e-6
@@ -38,59 +51,32 @@ class HParams:
     rope_freq_base: float = 10000.0
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale: float = 1.0
+    rope_finetuned: bool = True       # granite: False means no RoPE at all
     n_ctx_orig: int = 0
     final_logit_softcap: float = 0.0
     attn_logit_softcap: float = 0.0
     expert_weights_norm: bool = False
+    embedding_scale: float = 0.0      # granite's multipliers (0: none)
+    residual_scale: float = 0.0
+    attention_scale: float = 0.0      # 0: 1/sqrt(head size)
+    logit_scale: float = 0.0
+    attn_temp_scale: float = 0.0
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "HParams":
-        """Read the hyperparameters of ``f``; a missing required key is a GGUFError."""
-        arch = f.get("general.architecture")
-        if not isinstance(arch, str):
-            raise GGUFError(f"{f.path}: general.architecture is missing")
-
-        def key(name: str, default=None):
-            value = f.get(f"{arch}.{name}", default)
-            if value is None:
-                raise GGUFError(f"{f.path}: {arch}.{name} is missing")
-            return value
-
-        n_layer = int(key("block_count"))
-        n_embd = int(key("embedding_length"))
-        n_head = _first(key("attention.head_count"))
-        head_kv = key("attention.head_count_kv", n_head)
-        n_head_kv = (tuple(int(h) for h in head_kv) if isinstance(head_kv, np.ndarray)
-                     else (int(head_kv),) * n_layer)
-        if len(n_head_kv) != n_layer:
-            raise GGUFError(f"{f.path}: {arch}.attention.head_count_kv has {len(n_head_kv)} "
-                            f"entries for {n_layer} layers")
-        sliding_window = int(key("attention.sliding_window", 0))
-        head_dim = n_embd // n_head if n_head else 0
-        tokens = f.get("tokenizer.ggml.tokens")
-        n_vocab = int(f.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
-        return cls(
-            arch=arch, n_layer=n_layer, n_ctx_train=int(key("context_length", 0)),
-            n_embd=n_embd, n_ff=_first(key("feed_forward_length", 0)), n_head=n_head,
-            n_head_kv=n_head_kv,
-            n_embd_head_k=int(key("attention.key_length", head_dim)),
-            n_embd_head_v=int(key("attention.value_length", head_dim)),
-            n_vocab=n_vocab, n_expert=int(key("expert_count", 0)),
-            n_expert_used=int(key("expert_used_count", 0)),
-            n_ff_exp=int(key("expert_feed_forward_length", 0)),
-            sliding_window=sliding_window,
-            swa_layers=_swa_layers(f, arch, n_layer, sliding_window),
-            rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-            n_rot=int(key("rope.dimension_count", 0)),
-            rope_freq_base=float(key("rope.freq_base", 10000.0)),
-            # llama.cpp's default for gemma3's sliding-window layers
-            rope_freq_base_swa=float(key("rope.freq_base_swa", 10000.0)),
-            rope_freq_scale=_freq_scale(f, arch),
-            n_ctx_orig=int(key("rope.scaling.original_context_length",
-                               key("context_length", 0))),
-            final_logit_softcap=float(key("final_logit_softcapping", 0.0)),
-            attn_logit_softcap=float(key("attn_logit_softcapping", 0.0)),
-            expert_weights_norm=bool(key("expert_weights_norm", arch == "qwen3moe")))
+        """Read and check the hyperparameters of ``f``."""
+        name = f.get("general.architecture")
+        if not isinstance(name, str):
+            raise ModelFileError(f"{f.path}: general.architecture is missing")
+        spec = architecture(name)
+        reader = _KeyReader(f, name)
+        values = _structure(reader, f)
+        for key in spec.keys:
+            values[key.field] = reader.read(key.name, key.kind, key.default, values)
+        _derive(values, spec, f, reader)
+        hp = cls(arch=name, **values)
+        _check(hp, spec, reader)
+        return hp
 
     def n_embd_k_gqa(self, il: int) -> int:
         """Width of one token's K in layer ``il`` (all its KV heads)."""
@@ -106,26 +92,190 @@ class HParams:
         return self.n_rot or self.n_embd_head_k
 
     def is_swa(self, il: int) -> bool:
-        """Whether layer ``il`` attends over a sliding window (gemma3: 5 of every 6 layers
-        unless its file says otherwise)."""
+        """Whether layer ``il`` attends over a sliding window."""
         return il < len(self.swa_layers) and self.swa_layers[il]
 
+    def symbols(self, il: int) -> dict[str, Any]:
+        """The names the architecture tables' shapes and conditions use, for layer ``il``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(n_head_kv=self.n_head_kv[il], n_embd_k_gqa=self.n_embd_k_gqa(il),
+                   n_embd_v_gqa=self.n_embd_v_gqa(il), n_rot=self.head_dim_rot, il=il)
+        return out
 
-# The architectures with sliding-window layers and their default pattern (llama.cpp's
-# ``load_swa_pattern(ml, n)`` in each architecture's ``load_arch_hparams``).
-SWA_PATTERNS = {"gemma3": 6}
+
+class _KeyReader:
+    """Typed reads of ``<arch>.<name>`` keys; a wrong type is a ModelFileError naming it."""
+
+    def __init__(self, f: GGUFFile, arch: str) -> None:
+        self.f, self.arch = f, arch
+
+    def fail(self, name: str, what: str) -> ModelFileError:
+        return ModelFileError(f"{self.f.path}: {self.arch}.{name} {what}")
+
+    def read(self, name: str, kind: str, default: Any = REQUIRED,
+             values: dict[str, Any] | None = None) -> Any:
+        value = self.f.get(f"{self.arch}.{name}")
+        if value is None:
+            if default is REQUIRED:
+                raise self.fail(name, "is missing")
+            if isinstance(default, str) and default.startswith("="):
+                return (values or {})[default[1:]]
+            return default
+        return self.convert(name, kind, value)
+
+    def convert(self, name: str, kind: str, value: Any) -> Any:
+        if kind == "int_or_array" and isinstance(value, np.ndarray):
+            if value.ndim != 1 or value.dtype.kind not in "iu":
+                raise self.fail(name, f"must be an integer or integer array; it holds "
+                                      f"{value.dtype}")
+            return tuple(int(v) for v in value)
+        if kind in ("int", "int_or_array"):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise self.fail(name, f"must be an integer; it is {_show(value)}")
+            return int(value)
+        if kind == "float":
+            if isinstance(value, (bool, np.bool_)) or not isinstance(
+                    value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+                raise self.fail(name, f"must be a finite number; it is {_show(value)}")
+            return float(value)
+        if kind == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise self.fail(name, f"must be a boolean; it is {_show(value)}")
+            return bool(value)
+        raise AssertionError(kind)
 
 
-def _swa_layers(f: GGUFFile, arch: str, n_layer: int, window: int) -> tuple[bool, ...]:
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _structure(reader: _KeyReader, f: GGUFFile) -> dict[str, Any]:
+    """The keys that size everything else, checked before anything is sized by them."""
+    n_layer = reader.read("block_count", "int")
+    if not 1 <= n_layer <= MAX_LAYERS:
+        raise reader.fail("block_count", f"is {n_layer}: must be 1 to {MAX_LAYERS}")
+    n_embd = reader.read("embedding_length", "int")
+    if n_embd <= 0:
+        raise reader.fail("embedding_length", f"is {n_embd}: must be above 0")
+    n_head = _uniform(reader, "attention.head_count", reader.read(
+        "attention.head_count", "int_or_array"), n_layer)
+    if n_head <= 0:
+        raise reader.fail("attention.head_count", f"is {n_head}: must be above 0")
+    head_kv = reader.read("attention.head_count_kv", "int_or_array", n_head)
+    n_head_kv = head_kv if isinstance(head_kv, tuple) else (head_kv,) * n_layer
+    if len(n_head_kv) != n_layer:
+        raise reader.fail("attention.head_count_kv", f"has {len(n_head_kv)} entries for "
+                                                     f"{n_layer} layers")
+    for kv in set(n_head_kv):
+        if kv <= 0 or n_head % kv:
+            raise reader.fail("attention.head_count_kv", f"is {kv}: must be above 0 and "
+                                                         f"divide head_count ({n_head})")
+    return dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                **_head_sizes(reader, n_embd, n_head), n_vocab=_vocab_size(reader, f))
+
+
+def _uniform(reader: _KeyReader, name: str, value: int | tuple[int, ...], n_layer: int) -> int:
+    """A per-layer array whose entries agree (polydev's models have one value), or a
+    scalar."""
+    if not isinstance(value, tuple):
+        return value
+    if len(value) != n_layer:
+        raise reader.fail(name, f"has {len(value)} entries for {n_layer} layers")
+    if len(set(value)) > 1:
+        raise UnsupportedError(f"{reader.f.path}: {reader.arch}.{name} differs between layers "
+                               f"({min(value)} to {max(value)}); polydev runs models whose "
+                               "layers agree")
+    return value[0]
+
+
+def _head_sizes(reader: _KeyReader, n_embd: int, n_head: int) -> dict[str, int]:
+    default = n_embd // n_head if n_embd % n_head == 0 else REQUIRED
+    sizes = {}
+    for name, field in (("attention.key_length", "n_embd_head_k"),
+                        ("attention.value_length", "n_embd_head_v")):
+        try:
+            sizes[field] = reader.read(name, "int", default)
+        except ModelFileError:
+            raise reader.fail(name, f"is missing, and embedding_length ({n_embd}) is not a "
+                                    f"multiple of head_count ({n_head})") from None
+        if sizes[field] <= 0:
+            raise reader.fail(name, f"is {sizes[field]}: must be above 0")
+    n_rot = reader.read("rope.dimension_count", "int", sizes["n_embd_head_k"])
+    if n_rot <= 0 or n_rot % 2 or n_rot > sizes["n_embd_head_k"]:
+        raise reader.fail("rope.dimension_count", f"is {n_rot}: must be even and 2 to the head "
+                                                  f"size ({sizes['n_embd_head_k']})")
+    return dict(sizes, n_rot=n_rot)
+
+
+def _vocab_size(reader: _KeyReader, f: GGUFFile) -> int:
+    """The ``vocab_size`` key, else the token list's length (as llama.cpp)."""
+    tokens = f.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens) if tokens is not None and not isinstance(tokens, str) else 0
+    n_vocab = reader.read("vocab_size", "int", n_tokens)
+    if n_vocab <= 0:
+        raise ModelFileError(f"{f.path}: the model has no vocabulary (tokenizer.ggml.tokens is "
+                             "missing or empty)")
+    if n_tokens > n_vocab:
+        raise reader.fail("vocab_size", f"is {n_vocab}, fewer than the {n_tokens} tokens of "
+                                        "tokenizer.ggml.tokens")
+    return n_vocab
+
+
+def _derive(values: dict[str, Any], spec: Architecture, f: GGUFFile,
+            reader: _KeyReader) -> None:
+    """What follows from the keys read: per-layer values made one, the experts' widths
+    llama.cpp falls back to, the sliding-window layers, RoPE scaling."""
+    n_layer = values["n_layer"]
+    values["n_ff"] = _uniform(reader, "feed_forward_length", values["n_ff"], n_layer)
+    if values.get("n_expert_used") and not values.get("n_ff_exp"):
+        values["n_ff_exp"] = values["n_ff"] // values["n_expert_used"]
+    if "n_ff_shexp" in values and not values["n_ff_shexp"]:
+        values["n_ff_shexp"] = values["n_ff"]
+    values["swa_layers"] = _swa_layers(f, spec, n_layer, values.get("sliding_window", 0))
+    values["rope_freq_scale"] = _freq_scale(f, spec.name)
+    values["n_ctx_orig"] = reader.read("rope.scaling.original_context_length", "int",
+                                       values["n_ctx_train"])
+    values["attn_logit_softcap"] = values.get("attn_logit_softcap", 0.0)
+    # build_moe_ffn's norm_w: the chosen experts' weights renormalised to sum 1
+    values.setdefault("expert_weights_norm", spec.name in ("llama", "qwen3moe"))
+
+
+def _check(hp: HParams, spec: Architecture, reader: _KeyReader) -> None:
+    """The ranges llama.cpp asserts, and the architecture's own conditions."""
+    if hp.n_ctx_train <= 0:
+        raise reader.fail("context_length", f"is {hp.n_ctx_train}: must be above 0")
+    if hp.n_ff < 0:
+        raise reader.fail("feed_forward_length", f"is {hp.n_ff}: must be 0 or more")
+    if not hp.rms_eps > 0:
+        raise reader.fail("attention.layer_norm_rms_epsilon", f"is {hp.rms_eps}: must be above 0")
+    if not 0 <= hp.n_expert <= MAX_EXPERTS:
+        raise reader.fail("expert_count", f"is {hp.n_expert}: must be 0 to {MAX_EXPERTS}")
+    if not 0 <= hp.n_expert_used <= hp.n_expert or (hp.n_expert and not hp.n_expert_used):
+        raise reader.fail("expert_used_count", f"is {hp.n_expert_used}: must be 1 to "
+                                               f"expert_count ({hp.n_expert})"
+                          if hp.n_expert else f"is {hp.n_expert_used} without experts")
+    if hp.sliding_window < 0:
+        raise reader.fail("attention.sliding_window", f"is {hp.sliding_window}: must be 0 or "
+                                                      "more")
+    symbols = hp.symbols(0)
+    for condition, message in spec.requires:
+        if not eval(condition, {"__builtins__": {}}, symbols):  # noqa: S307 (table constants)
+            raise (UnsupportedError if "not supported" in message else ModelFileError)(
+                f"{reader.f.path}: {spec.name}: {message}")
+
+
+def _swa_layers(f: GGUFFile, spec: Architecture, n_layer: int,
+                window: int) -> tuple[bool, ...]:
     """Which layers attend over the sliding window, as llama.cpp reads it: none without a
     window; else ``<arch>.attention.sliding_window_pattern``, either a per-layer array (true
     or nonzero: sliding; layers past its end: global) or a number n (layer il slides when
     il % n < n - 1, so n = 0 makes every layer slide and n = 1 none), by default the
     architecture's own n."""
-    if window <= 0 or arch not in SWA_PATTERNS:
+    if window <= 0 or not spec.swa_pattern:
         return (False,) * n_layer
-    key = f"{arch}.attention.sliding_window_pattern"
-    value = f.get(key, SWA_PATTERNS[arch])
+    key = f"{spec.name}.attention.sliding_window_pattern"
+    value = f.get(key, spec.swa_pattern)
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or value.size > n_layer or value.dtype.kind not in "biu":
             raise GGUFError(f"{f.path}: {key} must be at most {n_layer} booleans or integers, "
@@ -141,15 +291,13 @@ def _swa_layers(f: GGUFFile, arch: str, n_layer: int, window: int) -> tuple[bool
 def _freq_scale(f: GGUFFile, arch: str) -> float:
     """1 / the linear RoPE scaling factor; other scaling types are refused by name."""
     kind = f.get(f"{arch}.rope.scaling.type", "none")
-    factor = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    factor = f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0
+    if not isinstance(factor, (int, float, np.integer, np.floating)) or not factor >= 0:
+        raise ModelFileError(f"{f.path}: {arch}.rope.scaling.factor must be a number 0 or "
+                             f"more; it is {_show(factor)}")
     if kind in ("none", "") or factor in (0.0, 1.0):
         return 1.0
     if kind != "linear":
         raise UnsupportedError(f"{f.path}: RoPE scaling {kind!r} is not supported (polydev "
                                "runs none and linear)")
-    return 1.0 / factor
-
-
-def _first(value) -> int:
-    """A scalar, or the first entry of a per-layer array."""
-    return int(value[0]) if isinstance(value, np.ndarray) else int(value)
+    return 1.0 / float(factor)

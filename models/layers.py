@@ -9,31 +9,63 @@ architecture: ``w.layer(il, "attn_q")`` is ``blk.{il}.attn_q.weight`` or None.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from polydev import Tensor, ops
 
+from .arch import Architecture
 from .kv_shift import KeyRope
 from .loader import ModelWeights
 from .step import StepGraph
 
-__all__ = ["Weights", "named", "norm", "attention", "feed_forward", "moe", "output_head", "embed",
-           "select_outputs", "pre_norm_decoder"]
+__all__ = ["Weights", "named", "norm", "qkv", "attention", "feed_forward", "moe",
+           "shared_expert", "output_head", "embed", "select_outputs", "residual",
+           "pre_norm_decoder"]
 
 
 class Weights:
-    """Name lookups over a model's loaded weights."""
+    """Name lookups over a model's loaded weights, by the short names of its architecture's
+    table (``"attn_q"``, ``"attn_q.bias"``, ``"output"``). The file was checked against the
+    table when it was placed, so a required weight is always there and an optional one is
+    None when the file lacks it; a name the table does not list is a KeyError (a builder
+    reading a weight its architecture never declared)."""
 
-    def __init__(self, weights: ModelWeights) -> None:
+    def __init__(self, weights: ModelWeights, arch: Architecture) -> None:
         self._weights = weights
+        self.arch = arch
+        self._known = {spec.short for spec in arch.tensors} | {"output"}
 
-    def get(self, name: str) -> Tensor | None:
-        return self._weights.get(f"{name}.weight")
+    def _lookup(self, short: str, name: str) -> Tensor | None:
+        if short not in self._known:
+            raise KeyError(f"{self.arch.name}'s table has no tensor {short!r}")
+        return self._weights.get(name)
+
+    def get(self, name: str, suffix: str = "weight") -> Tensor | None:
+        """A file-wide weight (``"rope_freqs"``), or None."""
+        short = name if suffix == "weight" else f"{name}.{suffix}"
+        return self._lookup(short, f"{name}.{suffix}")
+
+    def declares(self, short: str) -> bool:
+        """Whether the architecture's table lists ``short`` at all."""
+        return short in self._known
 
     def __getitem__(self, name: str) -> Tensor:
+        """A file-wide weight the table requires (``"token_embd"``, ``"output"``)."""
         return self._weights[f"{name}.weight"]
 
     def layer(self, il: int, name: str, suffix: str = "weight") -> Tensor | None:
-        return self._weights.get(f"blk.{il}.{name}.{suffix}")
+        """Layer ``il``'s ``name`` (its ``suffix`` tensor), or None where it is optional and
+        absent."""
+        short = name if suffix == "weight" else f"{name}.{suffix}"
+        return self._lookup(short, f"blk.{il}.{name}.{suffix}")
+
+    def bias(self, il: int, name: str) -> Tensor | None:
+        """Layer ``il``'s bias of ``name`` where the table declares one and the file has it."""
+        return self.layer(il, name, "bias") if self.declares(f"{name}.bias") else None
+
+    def has(self, name: str, il: int = 0) -> bool:
+        """Whether the file holds layer ``il``'s ``name`` (an optional or fused weight)."""
+        return self.layer(il, name) is not None
 
 
 def named(t: Tensor, name: str, il: int | None = None) -> Tensor:
@@ -64,31 +96,56 @@ def select_outputs(s: StepGraph, *xs: Tensor) -> tuple[Tensor, ...]:
 
 def _project(s: StepGraph, w: Weights, il: int, name: str, x: Tensor) -> Tensor:
     y = ops.mul_mat(s.ctx, w.layer(il, name), x)
-    bias = w.layer(il, name, "bias")
+    bias = w.bias(il, name)
     return y if bias is None else ops.add(s.ctx, y, bias)
 
 
+def qkv(s: StepGraph, w: Weights, il: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer ``il``'s q, k and v, [width, n_tokens] each: three projections, or one fused
+    ``attn_qkv`` (phi3) split into contiguous parts (llama.cpp's ``build_qkv``)."""
+    hp, ctx = s.hp, s.ctx
+    if not w.has("attn_qkv", il):
+        return tuple(_project(s, w, il, name, x) for name in ("attn_q", "attn_k", "attn_v"))
+    fused = _project(s, w, il, "attn_qkv", x)
+    widths = (hp.n_embd_head_k * hp.n_head, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il))
+    offsets = (0, widths[0], widths[0] + widths[1])
+    return tuple(ops.cont(ctx, ctx.view_2d(fused, n, x.ne[1], fused.nb[1],
+                                           fused.traits.row_size(offset)))
+                 for n, offset in zip(widths, offsets))
+
+
 def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
-              freq_base: float, qk_norm: bool = False, q_scale: float | None = None,
-              rope_freqs: Tensor | None = None) -> Tensor:
+              freq_base: float, freq_scale: float | None = None, qk_norm: str = "",
+              q_scale: float | None = None, rope_freqs: Tensor | None = None,
+              use_rope: bool = True) -> Tensor:
     """Self-attention of layer ``il`` over the cache: q/k/v projections (with biases when the
-    model has them), optional per-head q/k RMS norm, RoPE, the cache write, flash attention
-    with the layer's mask, and the output projection."""
+    model has them), an optional q/k RMS norm (``qk_norm``: "head" per head, "whole" over
+    the whole projection as olmo2), RoPE (unless ``use_rope`` is False: smollm3's NoPE
+    layers), the cache write, flash attention with the layer's mask and ``q_scale`` (default
+    1/sqrt(head size)), and the output projection."""
     hp, ctx = s.hp, s.ctx
     n_tokens = x.ne[1]
     head_k, head_v = hp.n_embd_head_k, hp.n_embd_head_v
     n_head, n_head_kv = hp.n_head, hp.n_head_kv[il]
-    q = ctx.reshape(_project(s, w, il, "attn_q", x), head_k, n_head, n_tokens)
-    k = ctx.reshape(_project(s, w, il, "attn_k", x), head_k, n_head_kv, n_tokens)
-    v = ctx.reshape(_project(s, w, il, "attn_v", x), head_v, n_head_kv, n_tokens)
-    if qk_norm:
+    q, k, v = qkv(s, w, il, x)
+    if qk_norm == "whole":
         q = norm(s, q, w.layer(il, "attn_q_norm"), hp.rms_eps)
         k = norm(s, k, w.layer(il, "attn_k_norm"), hp.rms_eps)
-    rope = dict(n_dims=hp.head_dim_rot, mode=rope_mode, n_ctx_orig=hp.n_ctx_orig,
-                freq_base=freq_base, freq_scale=hp.rope_freq_scale)
-    q = named(ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope), "Qcur", il)
-    k = named(ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope), "Kcur", il)
-    s.key_rope[il] = KeyRope(rope_freqs, rope)      # what a K-shift turns the cached keys by
+    q = ctx.reshape(q, head_k, n_head, n_tokens)
+    k = ctx.reshape(k, head_k, n_head_kv, n_tokens)
+    v = ctx.reshape(v, head_v, n_head_kv, n_tokens)
+    if qk_norm == "head":
+        q = norm(s, q, w.layer(il, "attn_q_norm"), hp.rms_eps)
+        k = norm(s, k, w.layer(il, "attn_k_norm"), hp.rms_eps)
+    if use_rope:
+        rope = dict(n_dims=hp.head_dim_rot, mode=rope_mode, n_ctx_orig=hp.n_ctx_orig,
+                    freq_base=freq_base,
+                    freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale)
+        q = ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope)
+        k = ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope)
+        s.key_rope[il] = KeyRope(rope_freqs, rope)  # what a K-shift turns the cached keys by
+    named(q, "Qcur", il)
+    named(k, "Kcur", il)
     scale = 1.0 / math.sqrt(head_k) if q_scale is None else q_scale
     k_all, v_all = s.kv.store_and_view(ctx, il, k, v, s.cells, s.shape.n_kv)
     q = ctx.permute(q, 0, 2, 1, 3)                           # [head_k, n_tokens, n_head]
@@ -133,35 +190,68 @@ def moe(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
     for i in range(1, n_used):
         out = ops.add(ctx, out, ctx.view_2d(experts, experts.ne[0], n_tokens, experts.nb[2],
                                             i * experts.nb[1]))
-    return named(out, "ffn_moe_out", il)
+    named(out, "ffn_moe_out", il)
+    if w.declares("ffn_up_shexp"):
+        out = ops.add(ctx, out, shared_expert(s, w, il, x))
+    return out
+
+
+def shared_expert(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
+    """The feed-forward every token takes beside its experts, times its sigmoid gate where
+    the model has one (qwen2moe's ``ffn_gate_inp_shexp``)."""
+    ctx = s.ctx
+    gate = ops.mul_mat(ctx, w.layer(il, "ffn_gate_shexp"), x)
+    up = ops.mul_mat(ctx, w.layer(il, "ffn_up_shexp"), x)
+    out = ops.mul_mat(ctx, w.layer(il, "ffn_down_shexp"), ops.swiglu(ctx, gate, up))
+    if w.declares("ffn_gate_inp_shexp"):
+        router = ops.mul_mat(ctx, w.layer(il, "ffn_gate_inp_shexp"), x)    # [1, n_tokens]
+        out = ops.mul(ctx, out, ops.sigmoid(ctx, router))
+    return named(out, "ffn_shexp_out", il)
 
 
 def output_head(s: StepGraph, w: Weights, x: Tensor, softcap: float = 0.0) -> Tensor:
-    """Final norm and the output matrix; optional final logit softcapping (gemma)."""
+    """Final norm, the output matrix and its bias where the model has one; granite's logit
+    scale (logits / logit_scale) and optional final logit softcapping (gemma)."""
+    ctx = s.ctx
     x = named(norm(s, x, w["output_norm"], s.hp.rms_eps), "result_norm")
-    logits = named(ops.mul_mat(s.ctx, w["output"], x), "result_output")
+    logits = ops.mul_mat(ctx, w["output"], x)
+    bias = w.get("output", "bias") if w.declares("output.bias") else None
+    if bias is not None:
+        logits = ops.add(ctx, logits, bias)
+    if s.hp.logit_scale:
+        logits = ops.scale(ctx, logits, 1.0 / s.hp.logit_scale)
     if softcap > 0:
-        logits = ops.scale(s.ctx, ops.tanh(s.ctx, ops.scale(s.ctx, logits, 1.0 / softcap)),
-                           softcap)
-    return logits
+        logits = ops.scale(ctx, ops.tanh(ctx, ops.scale(ctx, logits, 1.0 / softcap)), softcap)
+    return named(logits, "result_output")
 
+
+
+def residual(s: StepGraph, h: Tensor) -> Tensor:
+    """A block's output before it joins the residual stream: times granite's
+    ``residual_scale`` where the model has one."""
+    return ops.scale(s.ctx, h, s.hp.residual_scale) if s.hp.residual_scale else h
 
 
 def pre_norm_decoder(s: StepGraph, w: Weights, *, rope_mode: int, qk_norm: bool = False,
-                     rope_freqs: Tensor | None = None, use_moe: bool = False) -> Tensor:
-    """The llama-family stack (llama, qwen2, qwen3, qwen3moe): per layer, x += attention(
-    norm(x)) and x += ffn(norm(x)), the ffn a SwiGLU or a mixture of experts; then the head.
-    Biases come with the weights (qwen2's q/k/v) and need no flag."""
+                     rope_freqs: Tensor | None = None, use_moe: bool = False,
+                     use_rope: Callable[[int], bool] = lambda il: True,
+                     q_scale: float | None = None) -> Tensor:
+    """The llama-family stack (llama, qwen2, qwen3, qwen3moe, smollm3, granite, mistral3,
+    qwen2moe): per layer, x += attention(norm(x)) and x += ffn(norm(x)), the ffn a SwiGLU or
+    a mixture of experts; then the head. Biases come with the weights (qwen2's q/k/v) and
+    need no flag; granite's embedding, residual and logit multipliers come with the
+    hyperparameters (0 where a model has none)."""
     hp = s.hp
-    x = embed(s, w["token_embd"])
+    x = embed(s, w["token_embd"], hp.embedding_scale or 1.0)
     for il in range(hp.n_layer):
         h = norm(s, x, w.layer(il, "attn_norm"), hp.rms_eps)
         h = attention(s, w, il, h, rope_mode=rope_mode, freq_base=hp.rope_freq_base,
-                      qk_norm=qk_norm, rope_freqs=rope_freqs)
+                      qk_norm="head" if qk_norm else "", rope_freqs=rope_freqs,
+                      use_rope=use_rope(il), q_scale=q_scale)
         if il == hp.n_layer - 1:
             h, x = select_outputs(s, h, x)
-        x = ops.add(s.ctx, h, x)
+        x = ops.add(s.ctx, residual(s, h), x)
         h = norm(s, x, w.layer(il, "ffn_norm"), hp.rms_eps)
         h = moe(s, w, il, h) if use_moe else feed_forward(s, w, il, h, "silu")
-        x = named(ops.add(s.ctx, h, x), "l_out", il)
+        x = named(ops.add(s.ctx, residual(s, h), x), "l_out", il)
     return output_head(s, w, x)

@@ -48,8 +48,10 @@ from polydev.buffer import BufferType
 from polydev.device import Device, DeviceType
 from polydev.errors import AllocationError, InvalidArgumentError, PolydevError, UnsupportedError
 
+from .arch import ExpectedTensor
 from .gguf import GGUFFile, GGUFTensorInfo
 from .hparams import HParams
+from .model_check import check_tensors
 
 __all__ = ["Placement", "TensorPlacement", "DeviceUsage", "plan_placement", "parse_size",
            "parse_overrides", "kv_size", "CPU_MOE_PATTERN", "KV_PAD"]
@@ -187,6 +189,7 @@ def plan_placement(
     type_k, type_v = GGMLType.parse(type_k), GGMLType.parse(type_v)
     kv_cells = [kv_size(n_ctx)] * hp.n_layer
     kv_bytes = [_kv_layer_bytes(hp, il, kv_cells[il], type_k, type_v) for il in range(hp.n_layer)]
+    roles = _roles(check_tensors(f, hp), hp.n_layer)
     infos = _model_tensors(f)
     rules = parse_overrides(override_tensor)
     if cpu_moe:
@@ -194,7 +197,7 @@ def plan_placement(
     compute = _compute_estimate(hp, n_ctx, n_batch)
 
     if device_map == "auto" or (max_memory is not None and device_map is None):
-        layer_devices = _fit(hp, infos, offload, cpu, max_memory, kv_bytes, compute,
+        layer_devices = _fit(hp, infos, roles, offload, cpu, max_memory, kv_bytes, compute,
                              no_kv_offload)
     elif device_map is not None:
         layer_devices, map_rules = _explicit_map(device_map, hp, offload, cpu)
@@ -206,7 +209,7 @@ def plan_placement(
     chooser = _BufferChooser(hp, cpu)
     tensors: dict[str, TensorPlacement] = {}
     for name, info in infos.items():
-        layer, op = _role(name, info, hp.n_layer)
+        layer, op = roles[name]
         device = cpu if layer is None else layer_devices[layer]
         tensors[name] = chooser.place(name, info, layer, op, device, rules)
     kv_devices = [cpu if no_kv_offload else layer_devices[il] for il in range(hp.n_layer)]
@@ -359,7 +362,8 @@ def _layer_span(key: Any, n_layer: int) -> range | None:
     return span
 
 
-def _fit(hp: HParams, infos: Mapping[str, GGUFTensorInfo], offload: list[Device], cpu: Device,
+def _fit(hp: HParams, infos: Mapping[str, GGUFTensorInfo],
+         roles: Mapping[str, tuple[int | None, str]], offload: list[Device], cpu: Device,
          max_memory: Mapping | None, kv_bytes: list[int], compute: int,
          no_kv_offload: bool) -> list[Device]:
     """accelerate's sequential fit: layers (then the output layer) fill the devices in
@@ -368,7 +372,7 @@ def _fit(hp: HParams, infos: Mapping[str, GGUFTensorInfo], offload: list[Device]
     layer_bytes = [0] * (hp.n_layer + 1)
     input_bytes = 0
     for name, info in infos.items():
-        layer, _ = _role(name, info, hp.n_layer)
+        layer, _ = roles[name]
         if layer is None:
             input_bytes += info.nbytes
         else:
@@ -417,30 +421,13 @@ def _model_tensors(f: GGUFFile) -> dict[str, GGUFTensorInfo]:
     return infos
 
 
-def _role(name: str, info: GGUFTensorInfo, n_layer: int) -> tuple[int | None, str]:
-    """(layer, op): the layer a tensor belongs to (None: input, n_layer: output) and the op
-    it is used in, as llama.cpp's tensor info table says."""
-    m = re.match(r"blk\.(\d+)\.", name)
-    if name == "rope_freqs.weight":
-        return 0, "ROPE"
-    if m is not None:
-        layer = int(m.group(1))
-        if layer >= n_layer:
-            raise InvalidArgumentError(f"tensor {name} names layer {layer} of a {n_layer}-layer "
-                                       "model")
-    elif name.startswith(("token_embd", "position_embd", "token_types")):
-        layer = None
-    else:
-        layer = n_layer
-    if name == "token_embd.weight" or name.startswith(("position_embd", "token_types")):
-        return layer, "GET_ROWS"
-    if name.endswith(".bias"):
-        return layer, "ADD_ID" if "_exps" in name else "ADD"
-    if "_exps" in name:
-        return layer, "MUL_MAT_ID"
-    if len(info.ne) <= 1:
-        return layer, "MUL"
-    return layer, "MUL_MAT"
+def _roles(present: Mapping[str, ExpectedTensor],
+           n_layer: int) -> dict[str, tuple[int | None, str]]:
+    """(layer, op) of each weight, as its architecture's table says (None: the input layer,
+    n_layer: the output layer); a tied output matrix is the output layer's MUL_MAT."""
+    roles = {name: (t.layer, t.spec.op) for name, t in present.items()}
+    roles.setdefault("output.weight", (n_layer, "MUL_MAT"))
+    return roles
 
 
 class _BufferChooser:

@@ -77,6 +77,12 @@ class GGUFError(PolydevError, ValueError):
     names the file, what is wrong and the byte offset where it was found."""
 
 
+class ModelFileError(GGUFError):
+    """A readable GGUF file that is not a valid model of its architecture: a required key or
+    tensor missing, a tensor unknown or of the wrong shape, a hyperparameter out of range.
+    The message names the file, the key or tensor, and what was expected."""
+
+
 class TokenizerError(PolydevError, ValueError):
     """A GGUF vocabulary cannot be turned into a tokenizer, or a token id is out of range."""
 

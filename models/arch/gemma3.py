@@ -21,7 +21,7 @@ def build(s: StepGraph, w: Weights) -> Tensor:
     for il in range(hp.n_layer):
         base = hp.rope_freq_base_swa if hp.is_swa(il) else hp.rope_freq_base
         h = norm(s, x, w.layer(il, "attn_norm"), hp.rms_eps)
-        h = attention(s, w, il, h, rope_mode=RopeMode.NEOX, freq_base=base, qk_norm=True,
+        h = attention(s, w, il, h, rope_mode=RopeMode.NEOX, freq_base=base, qk_norm="head",
                       q_scale=1.0 / math.sqrt(hp.n_embd_head_k))
         h = norm(s, h, w.layer(il, "post_attention_norm"), hp.rms_eps)
         if il == hp.n_layer - 1:

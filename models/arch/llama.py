@@ -1,5 +1,6 @@
-"""``llama`` (SmolLM2, TinyLlama, Llama 3): RMS norms, NORM RoPE with optional ``rope_freqs``,
-grouped-query attention, SwiGLU (llama.cpp's ``llm_build_llama``)."""
+"""``llama`` (SmolLM2, TinyLlama, Llama 3, Mixtral): RMS norms, NORM RoPE with optional
+``rope_freqs``, grouped-query attention, SwiGLU or a mixture of experts (llama.cpp's
+``llm_build_llama``)."""
 
 from __future__ import annotations
 
@@ -10,4 +11,5 @@ from ..step import StepGraph
 
 
 def build(s: StepGraph, w: Weights) -> Tensor:
-    return pre_norm_decoder(s, w, rope_mode=RopeMode.NORMAL, rope_freqs=w.get("rope_freqs"))
+    return pre_norm_decoder(s, w, rope_mode=RopeMode.NORMAL, rope_freqs=w.get("rope_freqs"),
+                            use_moe=s.hp.n_expert > 0)

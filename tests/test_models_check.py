@@ -1,0 +1,174 @@
+"""Files that are valid GGUF but wrong models: each is one typed error naming the key or
+tensor, from ``polydev.models.load`` and ``polydev info`` alike, before anything is sized by
+it; and every architecture's table agrees with what the tests write and llama.cpp reads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("regex")
+
+from polydev.errors import ModelFileError, UnsupportedError  # noqa: E402
+from polydev.models import load  # noqa: E402
+from polydev.models.arch import ARCHITECTURES, architecture, supported  # noqa: E402
+from polydev.models.gguf import GGUFFile  # noqa: E402
+from polydev.models.hparams import HParams  # noqa: E402
+from polydev.models.model_check import check_tensors  # noqa: E402
+
+from model_files import write_test_model  # noqa: E402
+
+U32 = gguf.GGUFValueType.UINT32
+
+
+def rewrite(src: Path, dst: Path, *, keys: dict | None = None, drop_keys=(), drop=(),
+            rename: dict | None = None, reshape: dict | None = None) -> Path:
+    """A copy of GGUF ``src`` with keys set ((value, type) pairs) or dropped, tensors dropped,
+    renamed or reshaped (F32 zeros of the new shape)."""
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch=arch)
+    keys, rename, reshape = keys or {}, rename or {}, reshape or {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
+            continue
+        if key in keys:
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub)
+    for key, (value, kind) in keys.items():
+        w.add_key_value(key, value, kind)
+    for t in reader.tensors:
+        if t.name in drop:
+            continue
+        name = rename.get(t.name, t.name)
+        if t.name in reshape:
+            w.add_tensor(name, np.zeros(reshape[t.name][::-1], np.float32))
+        else:
+            w.add_tensor(name, np.asarray(t.data), raw_shape=tuple(t.data.shape),
+                         raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return write_test_model(tmp_path_factory.mktemp("base") / "m.gguf", n_layer=2,
+                            weight_type="F16")
+
+
+def _broken(tmp_path, base, **changes) -> Path:
+    return rewrite(base, tmp_path / "broken.gguf", **changes)
+
+
+CASES = {
+    "missing tensor": (dict(drop=["blk.1.attn_k.weight"]),
+                       ModelFileError, r"required tensor blk\.1\.attn_k\.weight .*is missing"),
+    "missing output norm": (dict(drop=["output_norm.weight"]), ModelFileError,
+                            r"required tensor output_norm\.weight is missing"),
+    "empty name": (dict(rename={"blk.0.ffn_up.weight": ""}), ModelFileError,
+                   r"a tensor has an empty name"),
+    "unknown tensor": (dict(rename={"blk.0.ffn_up.weight": "blk.0.ffn_upp.weight"}),
+                       ModelFileError, r"'blk\.0\.ffn_upp\.weight' is not part of a llama"),
+    "layer past block_count": (dict(rename={"blk.1.ffn_up.weight": "blk.7.ffn_up.weight"}),
+                               ModelFileError, r"blk\.7\.ffn_up\.weight names layer 7, but "
+                                               r"llama\.block_count is 2"),
+    "fewer blocks than block_count": (dict(keys={"llama.block_count": (3, U32)}),
+                                      ModelFileError, r"required tensor blk\.2\..* is missing"),
+    "no heads": (dict(keys={"llama.attention.head_count": (0, U32)}), ModelFileError,
+                 r"llama\.attention\.head_count is 0: must be above 0"),
+    "kv heads do not divide": (dict(keys={"llama.attention.head_count_kv": (3, U32)}),
+                               ModelFileError, r"head_count_kv is 3: must be above 0 and "
+                                               r"divide head_count \(4\)"),
+    "embedding length disagrees": (dict(keys={"llama.embedding_length": (96, U32)}),
+                                   ModelFileError, r"token_embd\.weight has shape \(64, 320\), "
+                                                   r"expected \(96, 320\)"),
+    "vocabulary shorter than the embedding": (
+        dict(reshape={"token_embd.weight": (64, 400)}), ModelFileError,
+        r"token_embd\.weight has shape \(64, 400\), expected \(64, 320\) \(n_embd, n_vocab: "
+        r"n_embd 64, n_vocab 320\)"),
+    "wrong shape": (dict(reshape={"blk.0.attn_q.weight": (64, 32)}), ModelFileError,
+                    r"blk\.0\.attn_q\.weight has shape \(64, 32\), expected \(64, 64\)"),
+    "huge block_count": (dict(keys={"llama.block_count": (10**9, U32)}), ModelFileError,
+                         r"block_count is 1000000000: must be 1 to 512"),
+    "missing block_count": (dict(drop_keys=["llama.block_count"]), ModelFileError,
+                            r"llama\.block_count is missing"),
+    "block_count a string": (dict(keys={"llama.block_count": ("two",
+                                                              gguf.GGUFValueType.STRING)}),
+                             ModelFileError, r"block_count must be an integer; it is 'two'"),
+    "rms epsilon zero": (dict(keys={"llama.attention.layer_norm_rms_epsilon": (
+        0.0, gguf.GGUFValueType.FLOAT32)}), ModelFileError, r"rms_epsilon is 0\.0"),
+    "more experts used than exist": (dict(keys={"llama.expert_used_count": (2, U32)}),
+                                     ModelFileError, r"expert_used_count is 2 without experts"),
+    "no vocabulary": (dict(drop_keys=["tokenizer.ggml.tokens"]), ModelFileError,
+                      r"has no vocabulary"),
+    "unsupported architecture": (dict(keys={"general.architecture": (
+        "bert", gguf.GGUFValueType.STRING)}), UnsupportedError,
+        r"architecture 'bert' is not supported \(polydev runs .*gemma3.*llama"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_wrong_model_is_one_typed_error(tmp_path, base, case):
+    changes, error, message = CASES[case]
+    path = _broken(tmp_path, base, **changes)
+    with pytest.raises(error, match=message):
+        load(path, devices=[], n_ctx=64, progress=False)
+
+
+@pytest.mark.parametrize("case", ["missing tensor", "empty name", "huge block_count",
+                                  "unsupported architecture", "vocabulary shorter than the "
+                                  "embedding"])
+def test_polydev_info_says_it_in_one_line(tmp_path, base, case):
+    changes, _, message = CASES[case]
+    path = _broken(tmp_path, base, **changes)
+    run = subprocess.run([sys.executable, "-m", "polydev.tools.cli", "info", "-m", str(path)],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    import re
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_a_fused_qkv_stands_in_for_q_k_v(tmp_path, base):
+    """llama.cpp's create_tensor_qkv: attn_qkv in place of the three (and then they are not
+    required)."""
+    with GGUFFile(base) as f:
+        hp = HParams.from_gguf(f)
+        present = check_tensors(f, hp)
+    assert present["blk.0.attn_q.weight"].unless == "blk.0.attn_qkv.weight"
+    q, k, v = (64, 32, 32)
+    path = rewrite(base, tmp_path / "fused.gguf",
+                   drop=["blk.0.attn_q.weight", "blk.0.attn_k.weight"],
+                   rename={"blk.0.attn_v.weight": "blk.0.attn_qkv.weight"},
+                   reshape={"blk.0.attn_v.weight": (64, q + k + v)})
+    with GGUFFile(path) as f:
+        present = check_tensors(f, HParams.from_gguf(f))
+    assert present["blk.0.attn_qkv.weight"].shape == (64, q + k + v)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_table_entry_is_consistent(name):
+    """Short names unique, a builder module for each, every ``unless`` naming a tensor of
+    the same table, and ops placement knows."""
+    spec = architecture(name)
+    shorts = [t.short for t in spec.tensors]
+    assert len(shorts) == len(set(shorts)), name
+    for t in spec.tensors:
+        assert t.op in ("GET_ROWS", "MUL_MAT", "MUL_MAT_ID", "MUL", "ADD", "ROPE"), t
+        if t.unless:
+            spec.tensor(t.unless)
+    assert (Path(__file__).parents[1] / "models" / "arch" / f"{spec.module}.py").exists()
+
+
+def test_supported_lists_every_entry():
+    assert supported() == sorted(ARCHITECTURES)
