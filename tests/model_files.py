@@ -89,10 +89,11 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
                      n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
                      head_dim: int | None = None, sliding_window: int = 0,
                      swa_pattern: int | list[bool] | None = None, seed: int = 0,
-                     tokenizer_of: str | None = None) -> Path:
-    """A small GGUF of architecture ``arch`` (llama, qwen2, qwen3, qwen3moe, gemma3) with
-    random weights and the metadata keys llama.cpp reads; ``swa_pattern`` writes
-    ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer).
+                     tokenizer_of: str | None = None, keys: dict | None = None) -> Path:
+    """A small GGUF of architecture ``arch`` (one of ``TEST_ARCHS``) with random weights and
+    the metadata keys llama.cpp reads; ``swa_pattern`` writes
+    ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer), ``keys``
+    more ``<arch>.<name>`` float keys (granite's multipliers, gemma2's soft-caps).
     Its vocabulary is a SentencePiece one of bytes and made-up pieces (text tokenizes to
     about a token per character), or with ``tokenizer_of`` the tokenizer of that GGUF file
     (every ``tokenizer.`` key; its token count must be ``n_vocab``)."""
@@ -118,11 +119,15 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         w.add_sliding_window(sliding_window)
     if swa_pattern is not None:
         w.add_sliding_window_pattern(swa_pattern)
-    if arch in ("qwen3moe",):
+    if arch in ("qwen3moe", "qwen2moe"):
         w.add_expert_feed_forward_length(n_ff)
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(n_ff // 2)
     if n_expert:
         w.add_expert_count(n_expert)
         w.add_expert_used_count(2)
+    for name, value in (keys or {}).items():
+        w.add_float32(f"{arch}.{name}", value)
     if tokenizer_of is not None:
         _copy_tokenizer(w, tokenizer_of, n_vocab)
     else:
@@ -145,30 +150,37 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
             w.add_tensor(name, quantized(values, kind), raw_dtype=kind)
 
     f32 = gguf.GGMLQuantizationType.F32
+    f16 = gguf.GGMLQuantizationType.F16
     matrix("token_embd.weight", n_embd, n_vocab, kind=gguf.GGMLQuantizationType.Q8_0)
     matrix("output_norm.weight", n_embd, kind=f32)
-    if not tied:
+    if not tied and arch != "gemma2":          # gemma2 always reads the token embedding
         matrix("output.weight", n_embd, n_vocab)
+    q_width, kv_width = head_dim * n_head, head_dim * n_head_kv
     for il in range(n_layer):
         blk = f"blk.{il}."
-        matrix(blk + "attn_norm.weight", n_embd, kind=f32)
-        matrix(blk + "attn_q.weight", n_embd, head_dim * n_head)
-        matrix(blk + "attn_k.weight", n_embd, head_dim * n_head_kv)
-        matrix(blk + "attn_v.weight", n_embd, head_dim * n_head_kv)
-        matrix(blk + "attn_output.weight", head_dim * n_head, n_embd)
-        if arch == "qwen2":
-            matrix(blk + "attn_q.bias", head_dim * n_head, kind=f32)
-            matrix(blk + "attn_k.bias", head_dim * n_head_kv, kind=f32)
-            matrix(blk + "attn_v.bias", head_dim * n_head_kv, kind=f32)
+        if arch != "olmo2":                    # olmo2 norms after its blocks only
+            matrix(blk + "attn_norm.weight", n_embd, kind=f32)
+            matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
+        matrix(blk + "attn_q.weight", n_embd, q_width)
+        matrix(blk + "attn_k.weight", n_embd, kv_width)
+        matrix(blk + "attn_v.weight", n_embd, kv_width)
+        matrix(blk + "attn_output.weight", q_width, n_embd)
+        if arch in ("qwen2", "qwen2moe"):
+            matrix(blk + "attn_q.bias", q_width, kind=f32)
+            matrix(blk + "attn_k.bias", kv_width, kind=f32)
+            matrix(blk + "attn_v.bias", kv_width, kind=f32)
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             matrix(blk + "attn_q_norm.weight", head_dim, kind=f32)
             matrix(blk + "attn_k_norm.weight", head_dim, kind=f32)
-        if arch == "gemma3":
+        if arch == "olmo2":
+            matrix(blk + "attn_q_norm.weight", q_width, kind=f32)
+            matrix(blk + "attn_k_norm.weight", kv_width, kind=f32)
+        if arch in ("gemma3", "gemma2", "olmo2"):
             matrix(blk + "post_attention_norm.weight", n_embd, kind=f32)
             matrix(blk + "post_ffw_norm.weight", n_embd, kind=f32)
-        matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
         if n_expert:
-            matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, kind=f32)
+            # F16 router: this llama.cpp build crashes on an F32 one with 8 experts
+            matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, kind=f16)
             matrix(blk + "ffn_gate_exps.weight", n_embd, n_ff, n_expert)
             matrix(blk + "ffn_up_exps.weight", n_embd, n_ff, n_expert)
             matrix(blk + "ffn_down_exps.weight", n_ff, n_embd, n_expert)
@@ -176,6 +188,11 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
             matrix(blk + "ffn_gate.weight", n_embd, n_ff)
             matrix(blk + "ffn_up.weight", n_embd, n_ff)
             matrix(blk + "ffn_down.weight", n_ff, n_embd)
+        if arch == "qwen2moe":
+            matrix(blk + "ffn_gate_inp_shexp.weight", n_embd, kind=f32)
+            matrix(blk + "ffn_gate_shexp.weight", n_embd, n_ff // 2)
+            matrix(blk + "ffn_up_shexp.weight", n_embd, n_ff // 2)
+            matrix(blk + "ffn_down_shexp.weight", n_ff // 2, n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

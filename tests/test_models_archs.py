@@ -1,0 +1,164 @@
+"""Every architecture polydev runs against llama.cpp itself (llama-cpp-python): small
+random-weight models with hyperparameters unlike the real ones (grouped-query attention,
+head sizes unlike n_embd / n_head, biases, experts, sliding windows, soft-caps, granite's
+multipliers), F16 and Q8_0 weights, evaluated on the CPU and split over OpenCL0 and the CPU:
+every prompt position's logits and several decode steps within 1% of llama.cpp's largest
+logit, and the same best token wherever llama.cpp's two best are further apart than that.
+
+With Q8_0 weights llama.cpp's CPU rounds every activation to 8 bits before each product;
+on these small random models that alone moves its logits 1.5-5% of the largest away from
+exact arithmetic (polydev's stay within 0.01% of a float64 evaluation). So a Q8_0 model is
+checked twice: against llama.cpp evaluating the very same weights dequantized to F32 (exact
+products: the 1% bar), and against llama.cpp's own Q8_0 run, within 1% plus the distance
+llama.cpp's rounding put between its two runs."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("regex")
+
+from polydev.models import load  # noqa: E402
+from polydev.models.arch import supported  # noqa: E402
+
+from model_files import write_test_model  # noqa: E402
+from needs import llama_cpp, opencl_mark  # noqa: E402
+
+TOLERANCE = 0.01                # of llama.cpp's largest logit
+N_PROMPT, N_DECODE = 12, 4
+
+ARCHS = {
+    "llama": dict(n_head_kv=1),
+    "qwen2": dict(),
+    "qwen3": dict(head_dim=32),
+    "qwen3moe": dict(n_expert=4, head_dim=32),
+    "gemma3": dict(head_dim=32, sliding_window=4, n_layer=6),
+    "gemma2": dict(head_dim=24, sliding_window=5, keys={"attn_logit_softcapping": 3.0,
+                                                        "final_logit_softcapping": 4.0}),
+    "smollm3": dict(n_layer=5),
+    "granite": dict(keys={"logit_scale": 1.5, "residual_scale": 0.5, "embedding_scale": 3.0,
+                          "attention.scale": 0.3}),
+    "olmo2": dict(),
+    "qwen2moe": dict(n_expert=4),
+    "mistral3": dict(n_head_kv=4),
+}
+
+
+def test_every_supported_architecture_is_tested_here():
+    assert sorted(ARCHS) == supported()
+
+
+def _model(tmp_path_factory, arch: str, weight_type: str):
+    kwargs = dict(n_layer=3, weight_type=weight_type, seed=zlib.crc32(arch.encode()) % 1000) | ARCHS[arch]
+    return write_test_model(tmp_path_factory.mktemp(arch) / f"{arch}-{weight_type}.gguf",
+                            arch=arch, **kwargs)
+
+
+def _tokens() -> list[int]:
+    return np.random.default_rng(7).integers(3, 320, N_PROMPT + N_DECODE).tolist()
+
+
+def dequantized_twin(path: Path) -> Path:
+    """The same model with every quantized tensor dequantized to F32 (the weights llama.cpp
+    multiplies exactly)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    twin = path.with_name(path.stem + "-f32.gguf")
+    w = gguf.GGUFWriter(str(twin), arch=reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub)
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    for t in reader.tensors:
+        if t.tensor_type in plain:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(t.data.shape),
+                         raw_dtype=t.tensor_type)
+        else:
+            w.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return twin
+
+
+def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
+    """llama.cpp's logits of the prompt's every position, then of each decode step."""
+    llm = llama_cpp().Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    try:
+        llm.eval(ids[:N_PROMPT])
+        for t in ids[N_PROMPT:]:
+            llm.eval([t])
+        return np.asarray(llm.scores[:len(ids)], dtype=np.float64)
+    finally:
+        llm.close()
+
+
+def _polydev_logits(path, ids: list[int], devices, **knobs) -> tuple[np.ndarray, set[str]]:
+    """The prompt's logits then each decode step's, and the devices of the layers."""
+    with load(path, devices=devices, n_ctx=64, progress=False, **knobs) as m:
+        m.eval(ids[:N_PROMPT], all_logits=True)
+        rows = list(m.logits())
+        for t in ids[N_PROMPT:]:
+            m.eval([t])
+            rows.append(m.logits())
+        placed = {d.name for d in m.placement.layer_devices}
+    return np.asarray(rows, dtype=np.float64), placed
+
+
+def assert_like_llama_cpp(ours: np.ndarray, theirs: np.ndarray, what: str,
+                          rounding: float = 0.0) -> None:
+    """``ours`` within 1% of ``theirs``' largest logit (plus ``rounding``, llama.cpp's own
+    distance from exact products), the best token the same where llama.cpp's is clear."""
+    limit = TOLERANCE * np.abs(theirs).max() + rounding
+    worst = np.abs(ours - theirs).max(axis=1)
+    assert (worst <= limit).all(), (
+        f"{what}: positions {np.flatnonzero(worst > limit).tolist()} differ by up to "
+        f"{worst.max():.4f} (limit {limit:.4f}, {worst.max() / np.abs(theirs).max():.2%} of "
+        "the largest logit)")
+    top2 = np.sort(theirs, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > limit
+    assert (ours.argmax(1)[clear] == theirs.argmax(1)[clear]).all(), what
+
+
+def assert_matches_llama_cpp(path: Path, ours: np.ndarray, ids: list[int], what: str) -> None:
+    """``ours`` against llama.cpp on ``path`` (and, quantized, on its dequantized twin)."""
+    theirs = _llama_cpp_logits(path, ids)
+    if "Q8_0" not in path.name:
+        assert_like_llama_cpp(ours, theirs, what)
+        return
+    exact = _llama_cpp_logits(dequantized_twin(path), ids)
+    assert_like_llama_cpp(ours, exact, f"{what}, against llama.cpp's exact products")
+    rounding = np.abs(theirs - exact).max()
+    assert_like_llama_cpp(ours, theirs, f"{what}, against llama.cpp's 8-bit activations",
+                          rounding)
+
+
+@pytest.mark.parametrize("weight_type", ["F16", "Q8_0"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_architecture_matches_llama_cpp_on_the_cpu(tmp_path_factory, arch, weight_type):
+    path = _model(tmp_path_factory, arch, weight_type)
+    ids = _tokens()
+    ours, _ = _polydev_logits(path, ids, [])
+    assert_matches_llama_cpp(path, ours, ids, f"{arch} {weight_type} CPU")
+
+
+@opencl_mark()
+@pytest.mark.parametrize("weight_type", ["F16", "Q8_0"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_architecture_matches_llama_cpp_over_opencl_and_cpu(tmp_path_factory, arch,
+                                                            weight_type):
+    """The last layers (and the output) on OpenCL0, the first on the CPU."""
+    path = _model(tmp_path_factory, arch, weight_type)
+    ids = _tokens()
+    ours, placed = _polydev_logits(path, ids, ["OpenCL0"], n_gpu_layers=2)
+    assert placed == {"CPU", "OpenCL0"}, placed
+    assert_matches_llama_cpp(path, ours, ids, f"{arch} {weight_type} OpenCL0+CPU")
