@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
@@ -21,42 +20,9 @@ from polydev.models.gguf import GGUFFile  # noqa: E402
 from polydev.models.hparams import HParams  # noqa: E402
 from polydev.models.model_check import check_tensors  # noqa: E402
 
-from model_files import write_test_model  # noqa: E402
+from model_files import rewrite, write_test_model  # noqa: E402
 
 U32 = gguf.GGUFValueType.UINT32
-
-
-def rewrite(src: Path, dst: Path, *, keys: dict | None = None, drop_keys=(), drop=(),
-            rename: dict | None = None, reshape: dict | None = None) -> Path:
-    """A copy of GGUF ``src`` with keys set ((value, type) pairs) or dropped, tensors dropped,
-    renamed or reshaped (F32 zeros of the new shape)."""
-    reader = gguf.GGUFReader(str(src))
-    arch = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(dst), arch=arch)
-    keys, rename, reshape = keys or {}, rename or {}, reshape or {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
-            continue
-        if key in keys:
-            continue
-        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, field.contents(), field.types[0], sub)
-    for key, (value, kind) in keys.items():
-        w.add_key_value(key, value, kind)
-    for t in reader.tensors:
-        if t.name in drop:
-            continue
-        name = rename.get(t.name, t.name)
-        if t.name in reshape:
-            w.add_tensor(name, np.zeros(reshape[t.name][::-1], np.float32))
-        else:
-            w.add_tensor(name, np.asarray(t.data), raw_shape=tuple(t.data.shape),
-                         raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from polydev.models.gguf import GGUFFile  # noqa: E402
 from polydev.models.tokenizer import Tokenizer  # noqa: E402
 
 import needs  # noqa: E402
-from model_files import FIXTURES, GEMMA3, SMOLLM2, model_path  # noqa: E402
+from model_files import FIXTURES, GEMMA3, SMOLLM2, model_path, rewrite  # noqa: E402
 from needs import VOCAB_DIR, missing, vocab_dir  # noqa: E402
 
 MODELS = [SMOLLM2, GEMMA3]
@@ -194,6 +194,33 @@ def test_random_text_matches_llama_cpp(name, text):
 @example(text="ùa<｜fim▁begin｜>\t  Hi<pad>")       # FIM tokens found by text act as control
 def test_random_text_matches_llama_cpp_on_its_test_vocabs(path, text):
     assert_same_as_llama_cpp(_vocab(path), text)
+
+
+@pytest.fixture(scope="module")
+def relabeled(tmp_path_factory):
+    """llama-bpe's vocabulary under another ``tokenizer.ggml.pre``: the pre-tokenizers of
+    models whose own vocabulary llama.cpp ships no test file for (tekken: Mistral 3; gpt-4o:
+    gpt-oss; olmo: OLMo 2)."""
+    import gguf
+
+    made: dict[str, Path] = {}
+
+    def make(pre: str) -> Path:
+        if pre not in made:
+            source = _vocab(next((Path(p.values[0]) for p in _vocab_files()
+                                  if p.values[0] is not None and "llama-bpe" in p.id), None))
+            made[pre] = rewrite(source, tmp_path_factory.mktemp(pre) / f"ggml-vocab-{pre}.gguf",
+                                keys={"tokenizer.ggml.pre": (pre, gguf.GGUFValueType.STRING)})
+        return made[pre]
+    return make
+
+
+@pytest.mark.parametrize("pre", ["tekken", "gpt-4o", "olmo"])
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(text=TEXT)
+@example(text="HELLO World's ÉCOLE école 12345 中文\n\n  x/\r\n")
+def test_pre_tokenizers_of_the_new_architectures_match_llama_cpp(relabeled, pre, text):
+    assert_same_as_llama_cpp(relabeled(pre), text)
 
 
 @pytest.mark.parametrize("path", _vocab_files() + [pytest.param("models", id="models")])

@@ -54,6 +54,15 @@ _DEEPSEEK_LLM_LETTERS = (
     "-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
     "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
     "\U0001e900-\U0001e943]+")
+# tekken (Mistral) and gpt-4o (gpt-oss, llama4) as llama.cpp writes them: the tokenizer.json's
+# case classes ([\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}...]+) become "letters not a-z" then
+# "letters not A-Z", which is what llama.cpp's ids follow.
+_UPPER_THEN_LOWER = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+<tail>"
+                     r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*<tail>")
+_TEKKEN = (_UPPER_THEN_LOWER.replace("<tail>", "")
+           + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (_UPPER_THEN_LOWER.replace("<tail>", _CONTRACTIONS + "?")
+          + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CJK = "[一-龥ࠀ-一가-퟿]+"
 _POETIC = r" ?[^(\s|.,!?…。，、।۔،)]+"
 
@@ -84,6 +93,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **_family("poro-chat", (_POETIC,), clean_spaces=False),
     **_family("bloom gpt3-finnish", (_POETIC,)),
     **_family("viking", (_POETIC, r"\p{N}"), clean_spaces=False),
+    **_family("tekken", (_TEKKEN,), clean_spaces=False, ignore_merges=True, add_bos=True),
+    **_family("gpt-4o llama4 kanana2 talkie", (_GPT4O,), clean_spaces=False),
 }
 
 
