@@ -33,10 +33,10 @@ OUT=${OUT:-$PWD/gpu-out}
 DEADLINE=$((SECONDS + 570))        # a device call runs 600 s at most: end with time to spare
 # What the GPU machine's image lacks (its package list: the device tool's KINDS.md): the gguf
 # package for the model files, pyopencl for its OpenCL check, diskcache for llama-cpp-python,
-# a setuptools new enough for polydev's pyproject.toml, and starlette and uvicorn for
-# polydev serve (bench/serve.py).
+# a setuptools new enough for polydev's pyproject.toml, starlette and uvicorn for
+# polydev serve (bench/serve.py), and regex for the tokenizers (the model tests import it).
 GPU_WHEELS=(gguf diskcache "setuptools>=77" pyopencl pytools platformdirs siphash24 mako starlette
-    uvicorn)
+    uvicorn regex)
 SHARED_LLAMA_WHEEL=../shared/wheels/llama_cpp_python-$LLAMA_CPP_VERSION-py3-none-linux_x86_64.whl
 LLAMA_AVX2_DIR=/tmp/llama-cpp-avx2 # the shared wheel, installed there
 

@@ -51,6 +51,7 @@ class HParams:
     rope_freq_base: float = 10000.0
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale: float = 1.0
+    rope_attn_factor: float = 1.0     # RoPE's magnitude scale (phi3's LongRoPE)
     rope_finetuned: bool = True       # granite: False means no RoPE at all
     n_ctx_orig: int = 0
     final_logit_softcap: float = 0.0
@@ -289,7 +290,8 @@ def _swa_layers(f: GGUFFile, spec: Architecture, n_layer: int,
 
 
 def _freq_scale(f: GGUFFile, arch: str) -> float:
-    """1 / the linear RoPE scaling factor; other scaling types are refused by name."""
+    """1 / the RoPE scaling factor (linear, and LongRoPE's, whose per-dimension factors are
+    tensors); other scaling types are refused by name."""
     kind = f.get(f"{arch}.rope.scaling.type", "none")
     factor = f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0
     if not isinstance(factor, (int, float, np.integer, np.floating)) or not factor >= 0:
@@ -297,7 +299,7 @@ def _freq_scale(f: GGUFFile, arch: str) -> float:
                              f"more; it is {_show(factor)}")
     if kind in ("none", "") or factor in (0.0, 1.0):
         return 1.0
-    if kind != "linear":
+    if kind not in ("linear", "longrope"):
         raise UnsupportedError(f"{f.path}: RoPE scaling {kind!r} is not supported (polydev "
-                               "runs none and linear)")
+                               "runs none, linear and longrope)")
     return 1.0 / float(factor)

@@ -140,7 +140,8 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
     if use_rope:
         rope = dict(n_dims=hp.head_dim_rot, mode=rope_mode, n_ctx_orig=hp.n_ctx_orig,
                     freq_base=freq_base,
-                    freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale)
+                    freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
+                    attn_factor=hp.rope_attn_factor)
         q = ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope)
         k = ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope)
         s.key_rope[il] = KeyRope(rope_freqs, rope)  # what a K-shift turns the cached keys by
@@ -157,11 +158,14 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
 
 
 def feed_forward(s: StepGraph, w: Weights, il: int, x: Tensor, act: str = "silu") -> Tensor:
-    """down(act(gate(x)) * up(x)): SwiGLU (``"silu"``) or GEGLU with tanh GELU (``"gelu"``)."""
+    """down(act(gate(x)) * up(x)): SwiGLU (``"silu"``) or GEGLU with tanh GELU (``"gelu"``).
+    A model without ``ffn_gate`` (phi3) has gate and up fused in ``ffn_up``, gate first."""
     ctx = s.ctx
-    gate = _project(s, w, il, "ffn_gate", x)
-    up = _project(s, w, il, "ffn_up", x)
-    h = ops.swiglu(ctx, gate, up) if act == "silu" else ops.geglu(ctx, gate, up)
+    glu = ops.swiglu if act == "silu" else ops.geglu
+    if w.declares("ffn_gate"):
+        h = glu(ctx, _project(s, w, il, "ffn_gate", x), _project(s, w, il, "ffn_up", x))
+    else:
+        h = glu(ctx, _project(s, w, il, "ffn_up", x))
     return named(_project(s, w, il, "ffn_down", named(h, "ffn_act", il)), "ffn_out", il)
 
 

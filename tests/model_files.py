@@ -93,7 +93,8 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     """A small GGUF of architecture ``arch`` (one of ``TEST_ARCHS``) with random weights and
     the metadata keys llama.cpp reads; ``swa_pattern`` writes
     ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer), ``keys``
-    more ``<arch>.<name>`` float keys (granite's multipliers, gemma2's soft-caps).
+    more ``<arch>.<name>`` keys (granite's multipliers, gemma2's soft-caps), written as bool,
+    uint32 or float32 by their Python type.
     Its vocabulary is a SentencePiece one of bytes and made-up pieces (text tokenizes to
     about a token per character), or with ``tokenizer_of`` the tokenizer of that GGUF file
     (every ``tokenizer.`` key; its token count must be ``n_vocab``)."""
@@ -127,7 +128,9 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         w.add_expert_count(n_expert)
         w.add_expert_used_count(2)
     for name, value in (keys or {}).items():
-        w.add_float32(f"{arch}.{name}", value)
+        add = (w.add_bool if isinstance(value, bool) else
+               w.add_uint32 if isinstance(value, int) else w.add_float32)
+        add(f"{arch}.{name}", value)
     if tokenizer_of is not None:
         _copy_tokenizer(w, tokenizer_of, n_vocab)
     else:
@@ -156,14 +159,21 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     if not tied and arch != "gemma2":          # gemma2 always reads the token embedding
         matrix("output.weight", n_embd, n_vocab)
     q_width, kv_width = head_dim * n_head, head_dim * n_head_kv
+    if arch == "phi3":                         # LongRoPE's per-dimension factors
+        for which in ("long", "short"):
+            factors = rng.uniform(1.0, 8.0, head_dim // 2).astype(np.float32)
+            w.add_tensor(f"rope_factors_{which}.weight", factors)
     for il in range(n_layer):
         blk = f"blk.{il}."
         if arch != "olmo2":                    # olmo2 norms after its blocks only
             matrix(blk + "attn_norm.weight", n_embd, kind=f32)
             matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
-        matrix(blk + "attn_q.weight", n_embd, q_width)
-        matrix(blk + "attn_k.weight", n_embd, kv_width)
-        matrix(blk + "attn_v.weight", n_embd, kv_width)
+        if arch == "phi3":                     # q, k and v fused
+            matrix(blk + "attn_qkv.weight", n_embd, q_width + 2 * kv_width)
+        else:
+            matrix(blk + "attn_q.weight", n_embd, q_width)
+            matrix(blk + "attn_k.weight", n_embd, kv_width)
+            matrix(blk + "attn_v.weight", n_embd, kv_width)
         matrix(blk + "attn_output.weight", q_width, n_embd)
         if arch in ("qwen2", "qwen2moe"):
             matrix(blk + "attn_q.bias", q_width, kind=f32)
@@ -184,6 +194,9 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
             matrix(blk + "ffn_gate_exps.weight", n_embd, n_ff, n_expert)
             matrix(blk + "ffn_up_exps.weight", n_embd, n_ff, n_expert)
             matrix(blk + "ffn_down_exps.weight", n_ff, n_embd, n_expert)
+        elif arch == "phi3":                   # gate and up fused
+            matrix(blk + "ffn_up.weight", n_embd, 2 * n_ff)
+            matrix(blk + "ffn_down.weight", n_ff, n_embd)
         else:
             matrix(blk + "ffn_gate.weight", n_embd, n_ff)
             matrix(blk + "ffn_up.weight", n_embd, n_ff)

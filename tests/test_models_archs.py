@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("regex")
 
+import polydev  # noqa: E402
 from polydev.models import load  # noqa: E402
 from polydev.models.arch import supported  # noqa: E402
 
@@ -30,6 +31,7 @@ from model_files import write_test_model  # noqa: E402
 from needs import llama_cpp, opencl_mark  # noqa: E402
 
 TOLERANCE = 0.01                # of llama.cpp's largest logit
+CUDA = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "CUDA"]
 N_PROMPT, N_DECODE = 12, 4
 
 ARCHS = {
@@ -46,17 +48,22 @@ ARCHS = {
     "olmo2": dict(),
     "qwen2moe": dict(n_expert=4),
     "mistral3": dict(n_head_kv=4),
+    "phi3": dict(keys={"rope.scaling.attn_factor": 1.2}),
+    "phi3-long": dict(arch="phi3", keys={"rope.scaling.attn_factor": 0.9,
+                                          "rope.scaling.original_context_length": 32}),
 }
 
 
 def test_every_supported_architecture_is_tested_here():
-    assert sorted(ARCHS) == supported()
+    assert {kwargs.get("arch", name) for name, kwargs in ARCHS.items()} == set(supported())
 
 
-def _model(tmp_path_factory, arch: str, weight_type: str):
-    kwargs = dict(n_layer=3, weight_type=weight_type, seed=zlib.crc32(arch.encode()) % 1000) | ARCHS[arch]
-    return write_test_model(tmp_path_factory.mktemp(arch) / f"{arch}-{weight_type}.gguf",
-                            arch=arch, **kwargs)
+def _model(tmp_path_factory, case: str, weight_type: str):
+    """The test model of ``case`` (an architecture, or a variant of one)."""
+    kwargs = dict(arch=case, n_layer=3, weight_type=weight_type,
+                  seed=zlib.crc32(case.encode()) % 1000) | ARCHS[case]
+    return write_test_model(tmp_path_factory.mktemp(case) / f"{case}-{weight_type}.gguf",
+                            **kwargs)
 
 
 def _tokens() -> list[int]:
@@ -162,3 +169,18 @@ def test_architecture_matches_llama_cpp_over_opencl_and_cpu(tmp_path_factory, ar
     ours, placed = _polydev_logits(path, ids, ["OpenCL0"], n_gpu_layers=2)
     assert placed == {"CPU", "OpenCL0"}, placed
     assert_matches_llama_cpp(path, ours, ids, f"{arch} {weight_type} OpenCL0+CPU")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="no CUDA GPU (CuPy finds none)")
+@pytest.mark.parametrize("weight_type", ["F16", "Q8_0"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_architecture_on_cuda0_matches_the_cpu(tmp_path_factory, arch, weight_type):
+    """Every layer and the output on CUDA0 against the CPU (the GPU machine has no
+    llama.cpp to ask; the CPU is checked against it above)."""
+    path = _model(tmp_path_factory, arch, weight_type)
+    ids = _tokens()
+    on_cpu, _ = _polydev_logits(path, ids, [])
+    on_gpu, placed = _polydev_logits(path, ids, ["CUDA0"], n_gpu_layers=-1)
+    assert placed == {"CUDA0"}, placed
+    assert_like_llama_cpp(on_gpu, on_cpu, f"{arch} {weight_type} CUDA0 against the CPU")

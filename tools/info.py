@@ -86,6 +86,9 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     add_model_option(p)
     p.add_argument("--json", action="store_true", help="print JSON for machines")
     p.add_argument("--tensors", action="store_true", help="also list every tensor's placement")
+    p.add_argument("--architectures", action="store_true",
+                   help="list the architectures polydev runs (general.architecture values), "
+                        "and exit")
     add_placement_options(p)
     p.set_defaults(run=run)
 
@@ -113,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise MissingDependencyError(f"polydev info needs the models extra: pip install "
                                      f"'polydev[models]' ({e})") from None
+    if args.architectures:
+        return _print_architectures(args.json)
     with GGUFFile(model_path(args)) as f:
         hp = HParams.from_gguf(f)
         vocab = Vocab.from_gguf(f) if "tokenizer.ggml.model" in f.metadata else None
@@ -128,7 +133,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_architectures(as_json: bool) -> int:
+    """The architecture table: name, models, RoPE, tensors per layer, keys read."""
+    from polydev.models.arch import architecture, supported
+
+    rows = []
+    for name in supported():
+        spec = architecture(name)
+        rows.append({"architecture": name, "models": spec.description, "rope": spec.rope,
+                     "tensors": [t.name for t in spec.tensors],
+                     "keys": [f"{name}.{k.name}" for k in spec.keys]})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(format_table(["architecture", "models", "rope", "tensor kinds", "keys"],
+                       [(r["architecture"], r["models"], r["rope"], len(r["tensors"]),
+                         len(r["keys"])) for r in rows]))
+    return 0
+
+
 def _report(f, hp, vocab, plan) -> dict[str, Any]:
+    from polydev.models.arch import architecture
+
     by_type: Counter = Counter()
     count: Counter = Counter()
     for t in f.tensors.values():
@@ -145,6 +171,7 @@ def _report(f, hp, vocab, plan) -> dict[str, Any]:
     return {
         "file": f.path, "file_bytes": f.size, "gguf_version": f.version,
         "name": f.get("general.name"), "architecture": hp.arch,
+        "architecture_models": architecture(hp.arch).description,
         "hparams": {"n_layer": hp.n_layer, "n_ctx_train": hp.n_ctx_train, "n_embd": hp.n_embd,
                     "n_ff": hp.n_ff, "n_head": hp.n_head, "n_head_kv": sorted(set(hp.n_head_kv)),
                     "n_embd_head_k": hp.n_embd_head_k, "n_embd_head_v": hp.n_embd_head_v,
@@ -189,7 +216,7 @@ def _text(report: dict[str, Any], plan, with_tensors: bool) -> str:
     lines = [f"model        {os.path.basename(report['file'])} ({mib(report['file_bytes'])}, "
              f"GGUF v{report['gguf_version']})",
              f"name         {report['name'] or '-'}",
-             f"architecture {report['architecture']}",
+             f"architecture {report['architecture']} ({report['architecture_models']})",
              "hparams      " + ", ".join(f"{k} {v}" for k, v in hp.items()
                                           if v not in (None, 0)),
              ]

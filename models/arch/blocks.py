@@ -20,6 +20,7 @@ COMMON_KEYS = (
     Key("attention.layer_norm_rms_epsilon", "rms_eps", "float"),
     Key("feed_forward_length", "n_ff", "int_or_array", 0),
     Key("rope.freq_base", "rope_freq_base", "float", 10000.0),
+    Key("rope.scaling.attn_factor", "rope_attn_factor", "float", 1.0),
     Key("expert_count", "n_expert", "int", 0),
     Key("expert_used_count", "n_expert_used", "int", 0),
 )

@@ -87,6 +87,13 @@ _ALL = (
           keys=(Key("expert_feed_forward_length", "n_ff_exp", "int", 0),
                 Key("expert_shared_feed_forward_length", "n_ff_shexp", "int", 0)),
           requires=(HAS_EXPERTS,)),
+    _arch("phi3", "Phi-3, Phi-3.5, Phi-4-mini", "neox",
+          head() + qkv("n_embd", out="n_embd") + rope_factors(long_short=True) + ffn_norm()
+          + (TensorSpec("blk.{il}.ffn_up.weight", "n_embd, 2 * n_ff", "MUL_MAT",
+                        "gate and up projections, fused"),
+             TensorSpec("blk.{il}.ffn_down.weight", "n_ff, n_embd", "MUL_MAT",
+                        "down projection")),
+          requires=(DENSE_ONLY,)),
     _arch("mistral3", "Ministral 3, Mistral Small 3 (text)", "norm",
           head() + qkv(out_bias=True) + rope_factors() + ffn_norm() + ffn() + ffn_biases(),
           keys=(Key("attention.temperature_scale", "attn_temp_scale", "float", 0.0),),
