@@ -51,7 +51,11 @@ class HParams:
     rope_freq_base: float = 10000.0
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale: float = 1.0
-    rope_attn_factor: float = 1.0     # RoPE's magnitude scale (phi3's LongRoPE)
+    rope_attn_factor: float = 1.0     # RoPE's magnitude scale (LongRoPE's, YaRN's mscale)
+    rope_ext_factor: float = 0.0      # YaRN's extrapolation mix (1 with YaRN scaling)
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    rope_yarn_log_mul: float = 0.0
     rope_finetuned: bool = True       # granite: False means no RoPE at all
     n_ctx_orig: int = 0
     final_logit_softcap: float = 0.0
@@ -234,9 +238,9 @@ def _derive(values: dict[str, Any], spec: Architecture, f: GGUFFile,
     if "n_ff_shexp" in values and not values["n_ff_shexp"]:
         values["n_ff_shexp"] = values["n_ff"]
     values["swa_layers"] = _swa_layers(f, spec, n_layer, values.get("sliding_window", 0))
-    values["rope_freq_scale"] = _freq_scale(f, spec.name)
     values["n_ctx_orig"] = reader.read("rope.scaling.original_context_length", "int",
                                        values["n_ctx_train"])
+    values.update(_rope_scaling(f, spec.name, reader, values))
     values["attn_logit_softcap"] = values.get("attn_logit_softcap", 0.0)
     # build_moe_ffn's norm_w: the chosen experts' weights renormalised to sum 1
     values.setdefault("expert_weights_norm", spec.name in ("llama", "qwen3moe"))
@@ -289,17 +293,38 @@ def _swa_layers(f: GGUFFile, spec: Architecture, n_layer: int,
     return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
 
 
-def _freq_scale(f: GGUFFile, arch: str) -> float:
-    """1 / the RoPE scaling factor (linear, and LongRoPE's, whose per-dimension factors are
-    tensors); other scaling types are refused by name."""
-    kind = f.get(f"{arch}.rope.scaling.type", "none")
-    factor = f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0
-    if not isinstance(factor, (int, float, np.integer, np.floating)) or not factor >= 0:
-        raise ModelFileError(f"{f.path}: {arch}.rope.scaling.factor must be a number 0 or "
-                             f"more; it is {_show(factor)}")
-    if kind in ("none", "") or factor in (0.0, 1.0):
-        return 1.0
-    if kind not in ("linear", "longrope"):
+def _rope_scaling(f: GGUFFile, arch: str, reader: _KeyReader,
+                  values: dict[str, Any]) -> dict[str, float]:
+    """RoPE's frequency scale, YaRN's extrapolation factor and the magnitude factor, as
+    llama.cpp's context sets them up (``llama_context``'s yarn_attn_factor): linear and
+    LongRoPE scale the frequencies by 1/factor; YaRN also mixes in extrapolation and
+    corrects the magnitude (with DeepSeek-V2's ``yarn_log_multiplier``); other types are
+    refused by name."""
+    kind = f.get(f"{arch}.rope.scaling.type", "linear")
+    if kind not in ("none", "linear", "longrope", "yarn"):
         raise UnsupportedError(f"{f.path}: RoPE scaling {kind!r} is not supported (polydev "
-                               "runs none, linear and longrope)")
-    return 1.0 / float(factor)
+                               "runs none, linear, longrope and yarn)")
+    factor = reader.read("rope.scaling.factor", "float", 0.0)
+    if factor == 0.0:
+        factor = reader.read("rope.scale_linear", "float", 0.0)
+    if factor < 0:
+        raise reader.fail("rope.scaling.factor", f"is {factor}: must be 0 or more")
+    freq_scale = 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
+    ext_factor = reader.read("rope.scaling.yarn_ext_factor", "float",
+                             1.0 if kind == "yarn" else 0.0)
+    attn_factor = reader.read("rope.scaling.yarn_attn_factor", "float", 1.0)
+    if ext_factor != 0.0:
+        scale, log_mul = 1.0 / freq_scale, values.get("rope_yarn_log_mul", 0.0)
+        if log_mul:
+            mscale = log_mul if arch == "deepseek2" and log_mul != 1.0 else 1.0
+            attn_factor = _yarn_mscale(scale, mscale) / _yarn_mscale(scale, log_mul)
+        else:
+            attn_factor = _yarn_mscale(scale, 1.0)
+        # ggml's rope multiplies by this mscale itself when ext_factor is set
+        attn_factor /= 1.0 + 0.1 * math.log(scale)
+    return dict(rope_freq_scale=freq_scale, rope_ext_factor=ext_factor,
+                rope_attn_factor=attn_factor * values.get("rope_attn_factor", 1.0))
+
+
+def _yarn_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0

@@ -115,14 +115,16 @@ def qkv(s: StepGraph, w: Weights, il: int, x: Tensor) -> tuple[Tensor, Tensor, T
 
 
 def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
-              freq_base: float, freq_scale: float | None = None, qk_norm: str = "",
+              freq_base: float, rope_scaling: bool = True, qk_norm: str = "",
               q_scale: float | None = None, rope_freqs: Tensor | None = None,
-              use_rope: bool = True) -> Tensor:
+              use_rope: bool = True, sinks: Tensor | None = None) -> Tensor:
     """Self-attention of layer ``il`` over the cache: q/k/v projections (with biases when the
     model has them), an optional q/k RMS norm (``qk_norm``: "head" per head, "whole" over
     the whole projection as olmo2), RoPE (unless ``use_rope`` is False: smollm3's NoPE
-    layers), the cache write, flash attention with the layer's mask and ``q_scale`` (default
-    1/sqrt(head size)), and the output projection."""
+    layers; ``rope_scaling`` False leaves out the model's RoPE scaling, as olmo2's
+    sliding-window layers), the cache write, flash attention with the layer's mask,
+    ``q_scale`` (default 1/sqrt(head size)) and attention ``sinks`` (gpt-oss), and the output
+    projection."""
     hp, ctx = s.hp, s.ctx
     n_tokens = x.ne[1]
     head_k, head_v = hp.n_embd_head_k, hp.n_embd_head_v
@@ -140,8 +142,10 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
     if use_rope:
         rope = dict(n_dims=hp.head_dim_rot, mode=rope_mode, n_ctx_orig=hp.n_ctx_orig,
                     freq_base=freq_base,
-                    freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
-                    attn_factor=hp.rope_attn_factor)
+                    beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+        if rope_scaling:
+            rope.update(freq_scale=hp.rope_freq_scale, ext_factor=hp.rope_ext_factor,
+                        attn_factor=hp.rope_attn_factor)
         q = ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope)
         k = ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope)
         s.key_rope[il] = KeyRope(rope_freqs, rope)  # what a K-shift turns the cached keys by
@@ -152,6 +156,7 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
     q = ctx.permute(q, 0, 2, 1, 3)                           # [head_k, n_tokens, n_head]
     out = ops.flash_attn_ext(ctx, q, k_all, v_all, s.mask_for(il), scale, 0.0,
                              hp.attn_logit_softcap)          # [head_v, n_head, n_tokens]
+    ops.flash_attn_ext_add_sinks(out, sinks)
     named(out, "kqv_out", il)
     out = ctx.reshape(out, head_v * n_head, n_tokens)
     return named(_project(s, w, il, "attn_output", out), "attn_out", il)
@@ -169,26 +174,35 @@ def feed_forward(s: StepGraph, w: Weights, il: int, x: Tensor, act: str = "silu"
     return named(_project(s, w, il, "ffn_down", named(h, "ffn_act", il)), "ffn_out", il)
 
 
-def moe(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
-    """A mixture of experts (qwen3moe): router softmax, the top ``n_expert_used`` experts per
-    token, their weights renormalised when the model says so, MUL_MAT_ID for gate/up/down,
-    and the weighted experts summed."""
+def moe(s: StepGraph, w: Weights, il: int, x: Tensor, *, gating: str = "softmax",
+        act: str = "silu") -> Tensor:
+    """A mixture of experts (llama.cpp's ``build_moe_ffn``): the router (and its bias), the top
+    ``n_expert_used`` experts per token by softmax probability (``gating`` "softmax") or by
+    raw logit with a softmax over the chosen ones ("softmax_weight", gpt-oss), their weights
+    renormalised when the model says so, MUL_MAT_ID for gate/up/down with the experts'
+    biases where the model has them, SwiGLU (``act`` "silu") or gpt-oss's clamped SwiGLU
+    ("swiglu_oai"), and the weighted experts summed; plus the shared expert where the
+    architecture has one."""
     hp, ctx = s.hp, s.ctx
     n_tokens, n_used = x.ne[1], hp.n_expert_used
-    logits = ops.mul_mat(ctx, w.layer(il, "ffn_gate_inp"), x)      # [n_expert, n_tokens]
-    probs = ops.soft_max(ctx, logits)
+    logits = _project(s, w, il, "ffn_gate_inp", x)                   # [n_expert, n_tokens]
+    probs = ops.soft_max(ctx, logits) if gating == "softmax" else logits
     selected = ops.top_k(ctx, probs, n_used)                          # [n_used, n_tokens] i32
     weights = ops.get_rows(ctx, ctx.reshape(probs, 1, hp.n_expert, n_tokens), selected)
+    if gating == "softmax_weight":
+        weights = ops.soft_max(ctx, ctx.reshape(weights, n_used, n_tokens))
+        weights = ctx.reshape(weights, 1, n_used, n_tokens)
     if hp.expert_weights_norm:
         weights = ctx.reshape(weights, n_used, n_tokens)
         total = ops.clamp(ctx, ops.sum_rows(ctx, weights), 6.103515625e-5, math.inf)
         weights = ops.div(ctx, weights, total)
         weights = ctx.reshape(weights, 1, n_used, n_tokens)
     xs = ctx.reshape(x, x.ne[0], 1, n_tokens)
-    gate = ops.mul_mat_id(ctx, w.layer(il, "ffn_gate_exps"), xs, selected)
-    up = ops.mul_mat_id(ctx, w.layer(il, "ffn_up_exps"), xs, selected)
-    h = ops.swiglu(ctx, gate, up)                                     # [n_ff, n_used, n_tokens]
-    experts = ops.mul_mat_id(ctx, w.layer(il, "ffn_down_exps"), h, selected)
+    gate = _project_experts(s, w, il, "ffn_gate_exps", xs, selected)
+    up = _project_experts(s, w, il, "ffn_up_exps", xs, selected)
+    h = (ops.swiglu(ctx, gate, up) if act == "silu"               # [n_ff, n_used, n_tokens]
+         else ops.swiglu_oai(ctx, gate, up, alpha=1.702, limit=7.0))
+    experts = _project_experts(s, w, il, "ffn_down_exps", h, selected)
     experts = ops.mul(ctx, experts, weights)                          # [n_embd, n_used, n_tok]
     out = ctx.view_2d(experts, experts.ne[0], n_tokens, experts.nb[2], 0)
     for i in range(1, n_used):
@@ -198,6 +212,19 @@ def moe(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
     if w.declares("ffn_up_shexp"):
         out = ops.add(ctx, out, shared_expert(s, w, il, x))
     return out
+
+
+def _project_experts(s: StepGraph, w: Weights, il: int, name: str, x: Tensor,
+                     selected: Tensor) -> Tensor:
+    """MUL_MAT_ID by the chosen experts, plus each chosen expert's bias where the model has
+    them (ggml's ADD_ID, here as GET_ROWS of the bias rows and an ADD)."""
+    ctx = s.ctx
+    y = ops.mul_mat_id(ctx, w.layer(il, name), x, selected)          # [n, n_used, n_tokens]
+    bias = w.bias(il, name)
+    if bias is None:
+        return y
+    rows = ops.get_rows(ctx, bias, ctx.reshape(selected, selected.ne[0] * selected.ne[1]))
+    return ops.add(ctx, y, ctx.reshape(rows, *y.ne[:3]))
 
 
 def shared_expert(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:

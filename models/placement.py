@@ -496,8 +496,14 @@ def _probe_op(ctx: Context, w, op: str, hp: HParams):
     if op in ("ADD", "MUL"):
         a = ctx.new_tensor(f32, list(w.ne))
         return ops.add(ctx, a, w) if op == "ADD" else ops.mul(ctx, a, w)
-    if op == "ADD_ID":
-        raise UnsupportedError("polydev has no ADD_ID op yet: expert biases stay on the CPU")
+    if op == "FLASH_ATTN_EXT":                       # attention sinks, one per head
+        head, f16 = hp.n_embd_head_k, GGMLType.F16
+        out = ops.flash_attn_ext(ctx, ctx.new_tensor(f32, [head, n, hp.n_head]),
+                                 ctx.new_tensor(f16, [head, 256, hp.n_head_kv[0]]),
+                                 ctx.new_tensor(f16, [hp.n_embd_head_v, 256, hp.n_head_kv[0]]),
+                                 None, 1.0)
+        ops.flash_attn_ext_add_sinks(out, w)
+        return out
     if op == "ROPE":
         a = ctx.new_tensor(f32, [hp.n_embd_head_v, hp.n_head, n])
         return ops.rope_ext(ctx, a, ctx.new_tensor(i32, [n]), w, hp.n_embd_head_v)

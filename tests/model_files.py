@@ -94,7 +94,7 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     the metadata keys llama.cpp reads; ``swa_pattern`` writes
     ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer), ``keys``
     more ``<arch>.<name>`` keys (granite's multipliers, gemma2's soft-caps), written as bool,
-    uint32 or float32 by their Python type.
+    string, uint32 or float32 by their Python type.
     Its vocabulary is a SentencePiece one of bytes and made-up pieces (text tokenizes to
     about a token per character), or with ``tokenizer_of`` the tokenizer of that GGUF file
     (every ``tokenizer.`` key; its token count must be ``n_vocab``)."""
@@ -120,7 +120,7 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         w.add_sliding_window(sliding_window)
     if swa_pattern is not None:
         w.add_sliding_window_pattern(swa_pattern)
-    if arch in ("qwen3moe", "qwen2moe"):
+    if arch in ("qwen3moe", "qwen2moe", "gpt-oss"):
         w.add_expert_feed_forward_length(n_ff)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(n_ff // 2)
@@ -128,8 +128,8 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         w.add_expert_count(n_expert)
         w.add_expert_used_count(2)
     for name, value in (keys or {}).items():
-        add = (w.add_bool if isinstance(value, bool) else
-               w.add_uint32 if isinstance(value, int) else w.add_float32)
+        add = (w.add_bool if isinstance(value, bool) else w.add_string if isinstance(value, str)
+               else w.add_uint32 if isinstance(value, int) else w.add_float32)
         add(f"{arch}.{name}", value)
     if tokenizer_of is not None:
         _copy_tokenizer(w, tokenizer_of, n_vocab)
@@ -167,6 +167,7 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         blk = f"blk.{il}."
         if arch != "olmo2":                    # olmo2 norms after its blocks only
             matrix(blk + "attn_norm.weight", n_embd, kind=f32)
+        if arch not in ("olmo2", "gpt-oss"):   # gpt-oss: post_attention_norm before experts
             matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
         if arch == "phi3":                     # q, k and v fused
             matrix(blk + "attn_qkv.weight", n_embd, q_width + 2 * kv_width)
@@ -175,7 +176,7 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
             matrix(blk + "attn_k.weight", n_embd, kv_width)
             matrix(blk + "attn_v.weight", n_embd, kv_width)
         matrix(blk + "attn_output.weight", q_width, n_embd)
-        if arch in ("qwen2", "qwen2moe"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
             matrix(blk + "attn_q.bias", q_width, kind=f32)
             matrix(blk + "attn_k.bias", kv_width, kind=f32)
             matrix(blk + "attn_v.bias", kv_width, kind=f32)
@@ -188,6 +189,14 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         if arch in ("gemma3", "gemma2", "olmo2"):
             matrix(blk + "post_attention_norm.weight", n_embd, kind=f32)
             matrix(blk + "post_ffw_norm.weight", n_embd, kind=f32)
+        if arch == "gpt-oss":
+            matrix(blk + "attn_output.bias", n_embd, kind=f32)
+            matrix(blk + "attn_sinks.weight", n_head, kind=f32)
+            matrix(blk + "post_attention_norm.weight", n_embd, kind=f32)
+            matrix(blk + "ffn_gate_inp.bias", n_expert, kind=f32)
+            matrix(blk + "ffn_gate_exps.bias", n_ff, n_expert, kind=f32)
+            matrix(blk + "ffn_up_exps.bias", n_ff, n_expert, kind=f32)
+            matrix(blk + "ffn_down_exps.bias", n_embd, n_expert, kind=f32)
         if n_expert:
             # F16 router: this llama.cpp build crashes on an F32 one with 8 experts
             matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, kind=f16)

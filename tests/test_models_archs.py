@@ -49,6 +49,10 @@ ARCHS = {
     "qwen2moe": dict(n_expert=4),
     "mistral3": dict(n_head_kv=4),
     "phi3": dict(keys={"rope.scaling.attn_factor": 1.2}),
+    "gpt-oss": dict(n_expert=4, head_dim=32, sliding_window=5,
+                    keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                          "rope.scaling.original_context_length": 32,
+                          "rope.freq_base_swa": 500.0}),
     "phi3-long": dict(arch="phi3", keys={"rope.scaling.attn_factor": 0.9,
                                           "rope.scaling.original_context_length": 32}),
 }

@@ -130,7 +130,8 @@ def test_every_table_entry_is_consistent(name):
     shorts = [t.short for t in spec.tensors]
     assert len(shorts) == len(set(shorts)), name
     for t in spec.tensors:
-        assert t.op in ("GET_ROWS", "MUL_MAT", "MUL_MAT_ID", "MUL", "ADD", "ROPE"), t
+        assert t.op in ("GET_ROWS", "MUL_MAT", "MUL_MAT_ID", "MUL", "ADD", "ROPE",
+                        "FLASH_ATTN_EXT"), t
         if t.unless:
             spec.tensor(t.unless)
     assert (Path(__file__).parents[1] / "models" / "arch" / f"{spec.module}.py").exists()

@@ -17,7 +17,7 @@ def build(s: StepGraph, w: Weights) -> Tensor:
     x = embed(s, w["token_embd"])
     for il in range(hp.n_layer):
         h = attention(s, w, il, x, rope_mode=RopeMode.NEOX, freq_base=hp.rope_freq_base,
-                      freq_scale=1.0 if hp.is_swa(il) else None, qk_norm="whole")
+                      rope_scaling=not hp.is_swa(il), qk_norm="whole")
         if il == hp.n_layer - 1:
             h, x = select_outputs(s, h, x)
         h = norm(s, h, w.layer(il, "post_attention_norm"), hp.rms_eps)

@@ -94,6 +94,22 @@ _ALL = (
              TensorSpec("blk.{il}.ffn_down.weight", "n_ff, n_embd", "MUL_MAT",
                         "down projection")),
           requires=(DENSE_ONLY,)),
+    _arch("gpt-oss", "OpenAI gpt-oss (20B, 120B)", "neox",
+          head(tied="never") + qkv()
+          + (TensorSpec("blk.{il}.attn_output.bias", "n_embd", "ADD", "attention output bias"),
+             TensorSpec("blk.{il}.attn_sinks.weight", "n_head", "FLASH_ATTN_EXT",
+                        "attention sinks, one logit per head"),
+             _norm("post_attention_norm", "n_embd", "norm before the experts"),
+             TensorSpec("blk.{il}.ffn_gate_inp.bias", "n_expert", "ADD", "router bias"))
+          + experts()
+          + tuple(TensorSpec(f"blk.{{il}}.ffn_{part}_exps.bias", f"{width}, n_expert",
+                             "GET_ROWS", f"experts' {part} biases")
+                  for part, width in (("gate", "n_ff_exp"), ("up", "n_ff_exp"),
+                                      ("down", "n_embd"))),
+          module="gpt_oss",
+          keys=(Key("expert_feed_forward_length", "n_ff_exp"),
+                Key("attention.sliding_window", "sliding_window"), SWA_KEYS[1]),
+          swa_pattern=2, requires=(HAS_EXPERTS, ROPE_IS_HEAD)),
     _arch("mistral3", "Ministral 3, Mistral Small 3 (text)", "norm",
           head() + qkv(out_bias=True) + rope_factors() + ffn_norm() + ffn() + ffn_biases(),
           keys=(Key("attention.temperature_scale", "attn_temp_scale", "float", 0.0),),
