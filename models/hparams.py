@@ -61,6 +61,16 @@ class HParams:
     final_logit_softcap: float = 0.0
     attn_logit_softcap: float = 0.0
     expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0  # 0 or 1: the weights as they are
+    expert_gating_func: int = 1       # llama.cpp's: 1 softmax, 2 sigmoid, 3 softmax of the chosen
+    n_expert_shared: int = 0
+    n_expert_groups: int = 0          # grouped routing: experts in groups, the best groups kept
+    n_group_used: int = 0
+    n_layer_dense_lead: int = 0       # deepseek2: the first layers are dense
+    n_lora_q: int = 0                 # multi-head latent attention: q and kv compression ranks
+    n_lora_kv: int = 0
+    n_embd_head_k_mla: int = 0        # the head sizes before compression
+    n_embd_head_v_mla: int = 0
     embedding_scale: float = 0.0      # granite's multipliers (0: none)
     residual_scale: float = 0.0
     attention_scale: float = 0.0      # 0: 1/sqrt(head size)
@@ -238,6 +248,8 @@ def _derive(values: dict[str, Any], spec: Architecture, f: GGUFFile,
     if "n_ff_shexp" in values and not values["n_ff_shexp"]:
         values["n_ff_shexp"] = values["n_ff"]
     values["swa_layers"] = _swa_layers(f, spec, n_layer, values.get("sliding_window", 0))
+    if spec.name == "deepseek2":      # the converter stores 0.1 * mscale_all_dim
+        values["rope_yarn_log_mul"] = values.get("rope_yarn_log_mul", 0.0) / 0.1
     values["n_ctx_orig"] = reader.read("rope.scaling.original_context_length", "int",
                                        values["n_ctx_train"])
     values.update(_rope_scaling(f, spec.name, reader, values))
@@ -260,6 +272,11 @@ def _check(hp: HParams, spec: Architecture, reader: _KeyReader) -> None:
         raise reader.fail("expert_used_count", f"is {hp.n_expert_used}: must be 1 to "
                                                f"expert_count ({hp.n_expert})"
                           if hp.n_expert else f"is {hp.n_expert_used} without experts")
+    if hp.n_expert_groups > 1 and (hp.n_expert % hp.n_expert_groups
+                                   or not 0 < hp.n_group_used < hp.n_expert_groups):
+        raise reader.fail("expert_group_used_count", f"is {hp.n_group_used} with "
+                          f"{hp.n_expert_groups} groups of {hp.n_expert} experts: the groups "
+                          "must divide the experts and 1 to groups - 1 be used")
     if hp.sliding_window < 0:
         raise reader.fail("attention.sliding_window", f"is {hp.sliding_window}: must be 0 or "
                                                       "more")

@@ -22,10 +22,14 @@ __all__ = ["KeyRope", "KeyShiftGraph"]
 @dataclass(frozen=True)
 class KeyRope:
     """The rope a layer's keys were given: ``ops.rope_ext``'s frequency factors and keyword
-    arguments."""
+    arguments, and where in each cached head the roped values sit: ``width`` values from
+    ``first`` (None: the whole head; deepseek2's compressed rows keep them behind the
+    compressed kv)."""
 
     freq_factors: Tensor | None
     params: dict[str, Any]
+    first: int = 0
+    width: int | None = None
 
 
 class KeyShiftGraph:
@@ -39,9 +43,10 @@ class KeyShiftGraph:
         for il, rope in sorted(key_rope.items()):
             cache = kv.k[il]
             head, n_head = kv.hp.n_embd_head_k, kv.hp.n_head_kv[il]
-            keys = ctx.view_3d(cache, head, n_head, n_cells, cache.traits.row_size(head),
-                               cache.nb[1], 0)
-            as_f32 = ops.cpy(ctx, keys, ctx.new_tensor(GGMLType.F32, [head, n_head, n_cells]))
+            width = rope.width or head
+            keys = ctx.view_3d(cache, width, n_head, n_cells, cache.traits.row_size(head),
+                               cache.nb[1], cache.traits.row_size(rope.first))
+            as_f32 = ops.cpy(ctx, keys, ctx.new_tensor(GGMLType.F32, [width, n_head, n_cells]))
             turned = ops.rope_ext(ctx, as_f32, self.shift, rope.freq_factors, **rope.params)
             written.append(ops.cpy(ctx, turned, keys).set_output())
         self.graph: Graph = build_graph(*written)

@@ -177,17 +177,24 @@ def feed_forward(s: StepGraph, w: Weights, il: int, x: Tensor, act: str = "silu"
 def moe(s: StepGraph, w: Weights, il: int, x: Tensor, *, gating: str = "softmax",
         act: str = "silu") -> Tensor:
     """A mixture of experts (llama.cpp's ``build_moe_ffn``): the router (and its bias), the top
-    ``n_expert_used`` experts per token by softmax probability (``gating`` "softmax") or by
-    raw logit with a softmax over the chosen ones ("softmax_weight", gpt-oss), their weights
-    renormalised when the model says so, MUL_MAT_ID for gate/up/down with the experts'
-    biases where the model has them, SwiGLU (``act`` "silu") or gpt-oss's clamped SwiGLU
-    ("swiglu_oai"), and the weighted experts summed; plus the shared expert where the
-    architecture has one."""
+    ``n_expert_used`` experts per token by softmax probability (``gating`` "softmax"), by
+    sigmoid ("sigmoid") or by raw logit with a softmax over the chosen ones
+    ("softmax_weight", gpt-oss); a selection bias and the best expert groups first where the
+    model has them (deepseek2); the chosen weights renormalised and scaled when the model
+    says so; MUL_MAT_ID for gate/up/down with the experts' biases where the model has them,
+    SwiGLU (``act`` "silu") or gpt-oss's clamped SwiGLU ("swiglu_oai"), and the weighted
+    experts summed; plus the shared expert where the architecture has one."""
     hp, ctx = s.hp, s.ctx
     n_tokens, n_used = x.ne[1], hp.n_expert_used
     logits = _project(s, w, il, "ffn_gate_inp", x)                   # [n_expert, n_tokens]
-    probs = ops.soft_max(ctx, logits) if gating == "softmax" else logits
-    selected = ops.top_k(ctx, probs, n_used)                          # [n_used, n_tokens] i32
+    probs = (ops.soft_max(ctx, logits) if gating == "softmax" else
+             ops.sigmoid(ctx, logits) if gating == "sigmoid" else logits)
+    selection = probs
+    if w.declares("exp_probs_b.bias") and w.bias(il, "exp_probs_b") is not None:
+        selection = ops.add(ctx, probs, w.bias(il, "exp_probs_b"))
+    if hp.n_expert_groups > 1:
+        selection = _best_groups(s, selection)
+    selected = ops.top_k(ctx, selection, n_used)                      # [n_used, n_tokens] i32
     weights = ops.get_rows(ctx, ctx.reshape(probs, 1, hp.n_expert, n_tokens), selected)
     if gating == "softmax_weight":
         weights = ops.soft_max(ctx, ctx.reshape(weights, n_used, n_tokens))
@@ -197,6 +204,8 @@ def moe(s: StepGraph, w: Weights, il: int, x: Tensor, *, gating: str = "softmax"
         total = ops.clamp(ctx, ops.sum_rows(ctx, weights), 6.103515625e-5, math.inf)
         weights = ops.div(ctx, weights, total)
         weights = ctx.reshape(weights, 1, n_used, n_tokens)
+    if hp.expert_weights_scale not in (0.0, 1.0):
+        weights = ops.scale(ctx, weights, hp.expert_weights_scale)
     xs = ctx.reshape(x, x.ne[0], 1, n_tokens)
     gate = _project_experts(s, w, il, "ffn_gate_exps", xs, selected)
     up = _project_experts(s, w, il, "ffn_up_exps", xs, selected)
@@ -212,6 +221,22 @@ def moe(s: StepGraph, w: Weights, il: int, x: Tensor, *, gating: str = "softmax"
     if w.declares("ffn_up_shexp"):
         out = ops.add(ctx, out, shared_expert(s, w, il, x))
     return out
+
+
+def _best_groups(s: StepGraph, selection: Tensor) -> Tensor:
+    """Grouped routing (DeepSeek): the experts in ``n_expert_groups`` groups, each scored by
+    its two best; the ``n_group_used`` best groups keep their scores, the others get -inf."""
+    hp, ctx = s.hp, s.ctx
+    n_tokens, n_groups = selection.ne[1], hp.n_expert_groups
+    per = hp.n_expert // n_groups
+    groups = ctx.reshape(selection, per, n_groups, n_tokens)
+    best2 = ops.get_rows(ctx, ctx.reshape(groups, 1, per, n_groups, n_tokens),
+                         ops.top_k(ctx, groups, 2))                    # [1, 2, groups, tokens]
+    scores = ops.sum_rows(ctx, ctx.reshape(best2, 2, n_groups, n_tokens))
+    kept = ops.top_k(ctx, ctx.reshape(scores, n_groups, n_tokens), hp.n_group_used)
+    masked = ops.set_rows(ctx, ops.fill(ctx, groups, -math.inf),
+                          ops.get_rows(ctx, groups, kept), kept)
+    return ctx.reshape(masked, hp.n_expert, n_tokens)
 
 
 def _project_experts(s: StepGraph, w: Weights, il: int, name: str, x: Tensor,

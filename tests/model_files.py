@@ -89,12 +89,14 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
                      n_expert: int = 0, weight_type: str = "Q8_0", arch: str = "llama",
                      head_dim: int | None = None, sliding_window: int = 0,
                      swa_pattern: int | list[bool] | None = None, seed: int = 0,
-                     tokenizer_of: str | None = None, keys: dict | None = None) -> Path:
+                     tokenizer_of: str | None = None, keys: dict | None = None,
+                     mla: dict | None = None) -> Path:
     """A small GGUF of architecture ``arch`` (one of ``TEST_ARCHS``) with random weights and
     the metadata keys llama.cpp reads; ``swa_pattern`` writes
     ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer), ``keys``
     more ``<arch>.<name>`` keys (granite's multipliers, gemma2's soft-caps), written as bool,
-    string, uint32 or float32 by their Python type.
+    string, uint32 or float32 by their Python type. deepseek2's latent attention takes its
+    sizes from ``mla`` (``MLA``'s keys; ``q_lora_rank`` 0 for V2-Lite's plain q).
     Its vocabulary is a SentencePiece one of bytes and made-up pieces (text tokenizes to
     about a token per character), or with ``tokenizer_of`` the tokenizer of that GGUF file
     (every ``tokenizer.`` key; its token count must be ``n_vocab``)."""
@@ -120,8 +122,18 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         w.add_sliding_window(sliding_window)
     if swa_pattern is not None:
         w.add_sliding_window_pattern(swa_pattern)
-    if arch in ("qwen3moe", "qwen2moe", "gpt-oss"):
+    if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "deepseek2"):
         w.add_expert_feed_forward_length(n_ff)
+    if arch == "deepseek2":
+        mla = MLA | (mla or {})
+        w.add_head_count_kv(1)
+        w.add_key_length(mla["kv_lora_rank"] + mla["rope"])
+        w.add_value_length(mla["kv_lora_rank"])
+        w.add_rope_dimension_count(mla["rope"])
+        for name in ("q_lora_rank", "kv_lora_rank", "key_length_mla", "value_length_mla"):
+            w.add_uint32(f"deepseek2.attention.{name}", mla[name])
+        w.add_uint32("deepseek2.leading_dense_block_count", mla["dense"])
+        w.add_uint32("deepseek2.expert_shared_count", 1)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(n_ff // 2)
     if n_expert:
@@ -159,11 +171,13 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     if not tied and arch != "gemma2":          # gemma2 always reads the token embedding
         matrix("output.weight", n_embd, n_vocab)
     q_width, kv_width = head_dim * n_head, head_dim * n_head_kv
+    if arch == "deepseek2":
+        _mla_layers(matrix, n_layer, n_embd, n_head, n_ff, n_expert, mla, f32)
     if arch == "phi3":                         # LongRoPE's per-dimension factors
         for which in ("long", "short"):
             factors = rng.uniform(1.0, 8.0, head_dim // 2).astype(np.float32)
             w.add_tensor(f"rope_factors_{which}.weight", factors)
-    for il in range(n_layer):
+    for il in range(0 if arch == "deepseek2" else n_layer):    # deepseek2's are above
         blk = f"blk.{il}."
         if arch != "olmo2":                    # olmo2 norms after its blocks only
             matrix(blk + "attn_norm.weight", n_embd, kind=f32)
@@ -220,6 +234,47 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+MLA = dict(q_lora_rank=32, kv_lora_rank=32, rope=16, key_length_mla=48, value_length_mla=32,
+           dense=1, probs_bias=False)
+
+
+def _mla_layers(matrix, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_expert: int,
+                mla: dict, f32) -> None:
+    """deepseek2's layers in llama.cpp's MLA form: latent attention, then a dense
+    feed-forward (the first ``dense`` layers) or experts with a shared expert."""
+    rank, rope, q_lora = mla["kv_lora_rank"], mla["rope"], mla["q_lora_rank"]
+    head_k, head_v = mla["key_length_mla"], mla["value_length_mla"]
+    for il in range(n_layer):
+        blk = f"blk.{il}."
+        matrix(blk + "attn_norm.weight", n_embd, kind=f32)
+        if q_lora:
+            matrix(blk + "attn_q_a_norm.weight", q_lora, kind=f32)
+            matrix(blk + "attn_q_a.weight", n_embd, q_lora)
+            matrix(blk + "attn_q_b.weight", q_lora, n_head * head_k)
+        else:
+            matrix(blk + "attn_q.weight", n_embd, n_head * head_k)
+        matrix(blk + "attn_kv_a_norm.weight", rank, kind=f32)
+        matrix(blk + "attn_kv_a_mqa.weight", n_embd, rank + rope)
+        matrix(blk + "attn_k_b.weight", head_k - rope, rank, n_head)
+        matrix(blk + "attn_v_b.weight", rank, head_v, n_head)
+        matrix(blk + "attn_output.weight", n_head * head_v, n_embd)
+        matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
+        if il < mla["dense"]:
+            matrix(blk + "ffn_gate.weight", n_embd, n_ff)
+            matrix(blk + "ffn_up.weight", n_embd, n_ff)
+            matrix(blk + "ffn_down.weight", n_ff, n_embd)
+            continue
+        matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, kind=f32)
+        if mla["probs_bias"]:
+            matrix(blk + "exp_probs_b.bias", n_expert, kind=f32)
+        matrix(blk + "ffn_gate_exps.weight", n_embd, n_ff, n_expert)
+        matrix(blk + "ffn_up_exps.weight", n_embd, n_ff, n_expert)
+        matrix(blk + "ffn_down_exps.weight", n_ff, n_embd, n_expert)
+        matrix(blk + "ffn_gate_shexp.weight", n_embd, n_ff)
+        matrix(blk + "ffn_up_shexp.weight", n_embd, n_ff)
+        matrix(blk + "ffn_down_shexp.weight", n_ff, n_embd)
 
 
 def rewrite(src: Path, dst: Path, *, keys: dict | None = None, drop_keys=(), drop=(),

@@ -48,6 +48,17 @@ ARCHS = {
     "olmo2": dict(),
     "qwen2moe": dict(n_expert=4),
     "mistral3": dict(n_head_kv=4),
+    "deepseek2": dict(n_expert=4, keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                        "rope.scaling.original_context_length": 32,
+                                        "rope.scaling.yarn_log_multiplier": 0.0707,
+                                        "expert_weights_norm": True,
+                                        "expert_weights_scale": 2.5}),
+    "deepseek2-lite": dict(arch="deepseek2", n_expert=4, mla=dict(q_lora_rank=0, dense=0)),
+    "deepseek2-groups": dict(arch="deepseek2", n_expert=8,
+                             mla=dict(probs_bias=True),
+                             keys={"expert_gating_func": 2, "expert_group_count": 4,
+                                   "expert_group_used_count": 2,
+                                   "expert_weights_norm": True}),
     "phi3": dict(keys={"rope.scaling.attn_factor": 1.2}),
     "gpt-oss": dict(n_expert=4, head_dim=32, sliding_window=5,
                     keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
@@ -188,3 +199,22 @@ def test_architecture_on_cuda0_matches_the_cpu(tmp_path_factory, arch, weight_ty
     on_gpu, placed = _polydev_logits(path, ids, ["CUDA0"], n_gpu_layers=-1)
     assert placed == {"CUDA0"}, placed
     assert_like_llama_cpp(on_gpu, on_cpu, f"{arch} {weight_type} CUDA0 against the CPU")
+
+
+@pytest.mark.parametrize("cache", ["f32", "f16"])
+def test_deepseek2_moved_positions_turn_the_roped_part_of_its_rows(tmp_path_factory, cache):
+    """seq_add on deepseek2's compressed cache: only the roped values behind the compressed
+    kv turn, and the next tokens' logits are those of the unmoved sequence."""
+    from polydev.models import Batch
+
+    path = _model(tmp_path_factory, "deepseek2", "F16")
+    ids = _tokens()
+    with load(path, devices=[], n_ctx=64, type_k=cache, type_v=cache, progress=False) as m:
+        m.eval(ids, all_logits=True)
+        want = m.logits()[N_PROMPT:]
+        m.reset()
+        m.eval(ids[:N_PROMPT])
+        m.memory.seq_add(0, 0, -1, 9)
+        got = m.decode(Batch().add_sequence(ids[N_PROMPT:], 0, logits="all"))
+    tolerance = {"f32": 1e-4, "f16": 5e-3}[cache]
+    np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max())
