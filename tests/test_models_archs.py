@@ -73,12 +73,16 @@ def test_every_supported_architecture_is_tested_here():
     assert {kwargs.get("arch", name) for name, kwargs in ARCHS.items()} == set(supported())
 
 
+def _kwargs(case: str, weight_type: str) -> dict:
+    """write_test_model's arguments for ``case`` (an architecture, or a variant of one)."""
+    return dict(arch=case, n_layer=3, weight_type=weight_type,
+                seed=zlib.crc32(case.encode()) % 1000) | ARCHS[case]
+
+
 def _model(tmp_path_factory, case: str, weight_type: str):
-    """The test model of ``case`` (an architecture, or a variant of one)."""
-    kwargs = dict(arch=case, n_layer=3, weight_type=weight_type,
-                  seed=zlib.crc32(case.encode()) % 1000) | ARCHS[case]
+    """The test model of ``case``."""
     return write_test_model(tmp_path_factory.mktemp(case) / f"{case}-{weight_type}.gguf",
-                            **kwargs)
+                            **_kwargs(case, weight_type))
 
 
 def _tokens() -> list[int]:
@@ -192,8 +196,20 @@ def test_architecture_matches_llama_cpp_over_opencl_and_cpu(tmp_path_factory, ar
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_architecture_on_cuda0_matches_the_cpu(tmp_path_factory, arch, weight_type):
     """Every layer and the output on CUDA0 against the CPU (the GPU machine has no
-    llama.cpp to ask; the CPU is checked against it above)."""
-    path = _model(tmp_path_factory, arch, weight_type)
+    llama.cpp to ask; the CPU is checked against it above).
+
+    With Q8_0 weights a mixture of experts here uses all its experts: which experts a token
+    takes is a discrete choice, and a GPU's different rounding may tip a near tie (on the CPU,
+    8-bit activations against exact ones move these deepseek2 models' logits 14-64% through
+    such flips, 1.8% with every expert used), so the routing is left out of the comparison
+    of the arithmetic; F16 compares it too."""
+    case = ARCHS[arch]
+    if weight_type == "Q8_0" and case.get("n_expert"):
+        if "expert_group_count" in case.get("keys", {}):
+            pytest.skip("grouped routing always chooses: compared with F16 weights")
+        case = case | {"keys": case.get("keys", {}) | {"expert_used_count": case["n_expert"]}}
+    path = write_test_model(tmp_path_factory.mktemp(arch) / f"{arch}-{weight_type}-cuda.gguf",
+                            **_kwargs(arch, weight_type) | case)
     ids = _tokens()
     on_cpu, _ = _polydev_logits(path, ids, [])
     on_gpu, placed = _polydev_logits(path, ids, ["CUDA0"], n_gpu_layers=-1)
