@@ -279,8 +279,9 @@ def _mla_layers(matrix, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_exp
 
 def rewrite(src: Path, dst: Path, *, keys: dict | None = None, drop_keys=(), drop=(),
             rename: dict | None = None, reshape: dict | None = None) -> Path:
-    """A copy of GGUF ``src`` with keys set ((value, type) pairs) or dropped, tensors dropped,
-    renamed or reshaped (F32 zeros of the new shape)."""
+    """A copy of GGUF ``src`` with keys set ((value, type) pairs, (value, ARRAY, element type)
+    for arrays) or dropped, tensors dropped, renamed or reshaped (F32 zeros of the new
+    shape)."""
     import gguf
     import numpy as np
 
@@ -295,8 +296,8 @@ def rewrite(src: Path, dst: Path, *, keys: dict | None = None, drop_keys=(), dro
             continue
         sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, field.contents(), field.types[0], sub)
-    for key, (value, kind) in keys.items():
-        w.add_key_value(key, value, kind)
+    for key, (value, kind, *sub) in keys.items():
+        w.add_key_value(key, value, kind, *sub)
     for t in reader.tensors:
         if t.name in drop:
             continue

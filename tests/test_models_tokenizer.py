@@ -223,6 +223,49 @@ def test_pre_tokenizers_of_the_new_architectures_match_llama_cpp(relabeled, pre,
     assert_same_as_llama_cpp(relabeled(pre), text)
 
 
+HARMONY = ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>",
+           "<|call|>"]
+
+
+@pytest.fixture(scope="module")
+def harmony_vocab(tmp_path_factory) -> Path:
+    """llama-bpe's vocabulary with its last reserved tokens renamed to gpt-oss's harmony
+    tokens (control tokens, as in gpt-oss's files)."""
+    import gguf
+
+    source = _vocab(next((Path(p.values[0]) for p in _vocab_files()
+                          if p.values[0] is not None and "llama-bpe" in p.id), None))
+    with GGUFFile(source) as f:
+        tokens = list(f.get("tokenizer.ggml.tokens"))
+        types = [int(t) for t in f.get("tokenizer.ggml.token_type")]
+    tokens[-len(HARMONY):] = HARMONY
+    types[-len(HARMONY):] = [3] * len(HARMONY)
+    array, string, i32 = (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING,
+                          gguf.GGUFValueType.INT32)
+    return rewrite(source, tmp_path_factory.mktemp("harmony") / "ggml-vocab-harmony.gguf",
+                   keys={"tokenizer.ggml.tokens": (tokens, array, string),
+                         "tokenizer.ggml.token_type": (types, array, i32)})
+
+
+def test_harmony_end_of_generation_as_llama_cpp(harmony_vocab):
+    """<|return|> and <|call|> end generation and <|end|> does not (it closes one message of
+    several), as llama.cpp decides for gpt-oss's vocabulary."""
+    llama_cpp, llm, tok = llama_cpp_and_ours(harmony_vocab)
+    ids = [tok.vocab.tokens.id_of(t) for t in HARMONY] + [tok.vocab.eos_id]
+    theirs = {i for i in ids if llama_cpp.llama_vocab_is_eog(llm._model.vocab, i)}
+    assert {i for i in ids if tok.is_eog(i)} == theirs
+    assert tok.vocab.tokens.id_of("<|end|>") not in theirs
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(text=st.lists(st.one_of(st.sampled_from(HARMONY + PIECES), TEXT), max_size=8).map("".join))
+@example(text="<|start|>assistant<|channel|>final<|message|>Hi<|end|><|return|>")
+def test_harmony_tokens_split_and_print_as_llama_cpp(harmony_vocab, text):
+    """The structure tokens are printed even without ``special`` (llama.cpp makes them
+    user-defined) and split out of text as llama.cpp does."""
+    assert_same_as_llama_cpp(harmony_vocab, text)
+
+
 @pytest.mark.parametrize("path", _vocab_files() + [pytest.param("models", id="models")])
 def test_end_of_generation_tokens_match_llama_cpp(path):
     """The EOG set (llama.cpp's list of texts, the FIM pad/repo/separator tokens, the ids the

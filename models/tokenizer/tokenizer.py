@@ -46,6 +46,10 @@ _EOG_TEXTS = frozenset([
     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
     "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
 ])
+# gpt-oss's harmony format: the tokens that structure a message are always printed, and
+# where <|return|> and <|call|> end generation, <|end|> (which closes one message of several)
+# does not (llama.cpp's workarounds for o200k_harmony and solar-open, as it words them).
+_HARMONY_PRINTED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
               "<end_of_utterance>")
@@ -136,6 +140,7 @@ class Vocab:
             eot = next((i for t in _EOT_TEXTS for i in [tokens.id_of(t)] if i is not None), None)
         eog = {i for i in (special["eos"], eot, special["eom"]) if i is not None}
         eog.update(eog_texts)
+        _harmony_tokens(tokens, types, eog)
         return cls(
             model=model, tokens=tokens, types=types, scores=scores, merges=merges, pre=pre,
             bos_id=special["bos"], eos_id=special["eos"], eot_id=eot,
@@ -150,6 +155,20 @@ class Vocab:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+def _harmony_tokens(tokens: TokenTexts, types: np.ndarray, eog: set[int]) -> None:
+    """Apply the harmony rules above to the token types and the end-of-generation set."""
+    for text in _HARMONY_PRINTED:
+        i = tokens.id_of(text)
+        if i is not None:
+            types[i] = TokenType.USER_DEFINED
+    ends = {tokens[i]: i for i in eog}
+    has_call = "<|call|>" in ends or "<|calls|>" in ends
+    if "<|end|>" in ends and has_call and ("<|return|>" in ends or "<|flush|>" in ends):
+        end = ends["<|end|>"]
+        eog.discard(end)
+        types[end] = TokenType.USER_DEFINED
 
 
 class Tokenizer:
