@@ -27,6 +27,7 @@ from .kv_cache import KVCache
 from .kv_cells import MAX_SEQUENCES
 from .loader import ModelWeights, load_weights
 from .placement import Placement, plan_placement
+from .harmony import is_harmony
 from .sampling import Sampler, SamplingParams
 from .streaming import Utf8Stream
 from .tokenizer import Tokenizer
@@ -245,6 +246,12 @@ class Model(Resource):
         prompt = self.chat_prompt(messages)
         return self.generate(prompt, max_tokens, add_special=False, parse_special=True,
                              **sampling)
+
+    @property
+    def speaks_harmony(self) -> bool:
+        """Whether replies come in gpt-oss's harmony channels (``polydev.models.harmony``:
+        reasoning and answer apart)."""
+        return is_harmony(self.file.get("tokenizer.chat_template"), self.tokenizer.vocab.tokens)
 
     def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> str:
         """``messages`` rendered by the model's chat template, ready for the assistant."""

@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from polydev.errors import ContextFullError, PolydevError
 from polydev.models.engine import Finished, Piece, QueueFullError
+from polydev.models.harmony import ChannelSplitter
 
 from .metrics import prometheus_text
 from .requests import Generation, RequestError, read_chat, read_completion
@@ -36,6 +37,7 @@ __all__ = ["create_app"]
 log = logging.getLogger(__name__)
 _RETRY_AFTER = "1"              # seconds a client told 503 should wait
 _DISCONNECT_POLL = 0.5          # seconds between checks that a waiting client is still there
+_FIELDS = {"content": "content", "reasoning": "reasoning_content"}
 _PUBLIC = ("/health", "/v1/models")     # answered without the API key, as llama-server
 
 
@@ -144,7 +146,7 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
                            code="context_length_exceeded") from None
     except PolydevError as e:
         raise RequestError(str(e), param="messages" if chat else "prompt") from None
-    reply = _Reply(model_name, chat)
+    reply = _Reply(model_name, chat, harmony=chat and model.speaks_harmony)
     if gen.stream:
         return StreamingResponse(_stream(reply, queue, handle, gen.include_usage),
                                  media_type="text/event-stream",
@@ -195,13 +197,15 @@ async def _stream(reply: "_Reply", queue: asyncio.Queue, handle,
         while True:
             event = await queue.get()
             if isinstance(event, Piece):
-                if event.text:
-                    yield _sse(reply.chunk(reply.delta(event.text), None))
+                for delta in reply.deltas(event.text):
+                    yield _sse(reply.chunk(delta, None))
                 continue
             if event.reason == "error":
                 yield _sse(RequestError(f"generation failed: {event.error}", status=500,
                                         type="server_error").body())
             else:
+                for delta in reply.deltas(None):
+                    yield _sse(reply.chunk(delta, None))
                 yield _sse(reply.chunk({} if reply.chat else "", event.reason))
                 if include_usage:
                     yield _sse(reply.usage_chunk(event))
@@ -218,12 +222,18 @@ def _sse(data: dict) -> str:
 class _Reply:
     """The bodies of one reply: whole, or chunk by chunk (same id and time throughout)."""
 
-    def __init__(self, model_name: str, chat: bool) -> None:
+    def __init__(self, model_name: str, chat: bool, harmony: bool = False) -> None:
         self.model, self.chat, self.created = model_name, chat, int(time.time())
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        # a harmony model's reasoning goes to reasoning_content, as llama-server sends it
+        self.splitter = ChannelSplitter() if harmony else None
 
-    def delta(self, text: str) -> Any:
-        return {"content": text} if self.chat else text
+    def deltas(self, text: str | None) -> list[Any]:
+        """The chunk deltas of one piece of text (None: generation ended, flush)."""
+        if self.splitter is None:
+            return [{"content": text} if self.chat else text] if text else []
+        parts = self.splitter.feed(text) if text is not None else self.splitter.finish()
+        return [{_FIELDS[kind]: part} for kind, part in parts]
 
     def chunk(self, delta: Any, finish_reason: str | None) -> dict:
         choice = ({"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
@@ -238,7 +248,13 @@ class _Reply:
         return body
 
     def whole(self, text: str, end: Finished) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+        message = {"role": "assistant", "content": text}
+        if self.splitter is not None:
+            parts = self.splitter.feed(text) + self.splitter.finish()
+            message = {"role": "assistant"} | {
+                field: "".join(p for kind, p in parts if _FIELDS[kind] == field)
+                for field in ("content", "reasoning_content")}
+        choice = ({"index": 0, "message": message,
                    "finish_reason": end.reason, "logprobs": None} if self.chat else
                   {"index": 0, "text": text, "finish_reason": end.reason, "logprobs": None})
         body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 pieces = (model.chat([{"role": "user", "content": prompt}], args.n_predict,
                                      **_sampling(args)) if args.chat
                           else model.generate(prompt, args.n_predict, **_sampling(args)))
-                _stream(pieces)
+                _stream(pieces, _splitter(model, args.chat))
                 print()
         except KeyboardInterrupt:
             print("\n[interrupted]", file=sys.stderr)
@@ -100,13 +100,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream(pieces) -> str:
+def _splitter(model, chat: bool):
+    """A harmony model's chat reply is split: its reasoning to stderr, its answer to stdout."""
+    from polydev.models.harmony import ChannelSplitter
+
+    return ChannelSplitter() if chat and model.speaks_harmony else None
+
+
+def _stream(pieces, splitter=None) -> str:
+    """Print ``pieces`` as they come; the answer's text (without a harmony model's reasoning)
+    is returned."""
     text = []
     for piece in pieces:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-        text.append(piece)
+        parts = splitter.feed(piece) if splitter is not None else [("content", piece)]
+        for kind, part in parts:
+            _write(kind, part)
+            if kind == "content":
+                text.append(part)
+    for kind, part in splitter.finish() if splitter is not None else ():
+        _write(kind, part)
+        if kind == "content":
+            text.append(part)
     return "".join(text)
+
+
+def _write(kind: str, text: str) -> None:
+    out = sys.stdout if kind == "content" else sys.stderr
+    out.write(text)
+    out.flush()
 
 
 def _converse(model, first: str | None, args: argparse.Namespace) -> None:
@@ -121,7 +142,8 @@ def _converse(model, first: str | None, args: argparse.Namespace) -> None:
                 print(file=sys.stderr)
                 return
         messages.append({"role": "user", "content": message})
-        reply = _stream(model.chat(messages, args.n_predict, **_sampling(args)))
+        reply = _stream(model.chat(messages, args.n_predict, **_sampling(args)),
+                        _splitter(model, True))
         print()
         messages.append({"role": "assistant", "content": reply})
         message = None

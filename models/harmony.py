@@ -1,0 +1,99 @@
+"""gpt-oss's harmony format on the way out: the reply of a harmony model is a sequence of
+messages, each ``<|channel|>NAME<|message|>TEXT`` and closed by ``<|end|>`` before the next
+``<|start|>assistant...`` (generation itself ends at ``<|return|>`` or ``<|call|>``). The
+"analysis" channel is the model's reasoning, "final" (and any other) is the answer.
+
+``ChannelSplitter`` turns the generated text, piece by piece as it streams, into
+("reasoning", text) and ("content", text) parts without the markup, as llama-server's
+``reasoning_content``/``content`` split does. A marker cut between two pieces is held back
+until it is whole.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ChannelSplitter", "is_harmony"]
+
+_CHANNEL, _MESSAGE, _END, _START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
+_CLOSERS = (_END, "<|return|>", "<|call|>")
+_HEADS = (_CHANNEL, _START, "assistant")      # how a message's header may begin
+REASONING_CHANNELS = ("analysis",)
+
+
+def is_harmony(chat_template: str | None, token_texts) -> bool:
+    """Whether a model speaks harmony: its vocabulary has the channel and message tokens and
+    its chat template writes them."""
+    return bool(chat_template) and _CHANNEL in chat_template and all(
+        token_texts.id_of(t) is not None for t in (_CHANNEL, _MESSAGE))
+
+
+class ChannelSplitter:
+    """The streaming parser (see the module docstring). ``feed`` returns the parts a piece
+    completes; ``finish`` the rest once generation ends."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._channel: str | None = None     # None: reading a message's header
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        self._buffer += text
+        parts: list[tuple[str, str]] = []
+        while self._step(parts):
+            pass
+        return parts
+
+    def finish(self) -> list[tuple[str, str]]:
+        """What is left: an unfinished header is shown as it is (the model did not follow the
+        format), a message's text as its channel's."""
+        rest, self._buffer = self._buffer, ""
+        if not rest:
+            return []
+        if self._channel is None:
+            return [("content", rest)]
+        return [(self._kind(), rest)]
+
+    def _step(self, parts: list[tuple[str, str]]) -> bool:
+        """Consume what can be decided now; False when more text is needed."""
+        if self._channel is None:
+            return self._header(parts)
+        cut = min((i for i in (self._buffer.find(c) for c in _CLOSERS) if i >= 0), default=-1)
+        if cut < 0:
+            keep = _partial_marker(self._buffer)
+            self._emit(parts, self._buffer[:len(self._buffer) - keep])
+            self._buffer = self._buffer[len(self._buffer) - keep:]
+            return False
+        self._emit(parts, self._buffer[:cut])
+        closer = next(c for c in _CLOSERS if self._buffer.startswith(c, cut))
+        self._buffer = self._buffer[cut + len(closer):]
+        self._channel = None
+        return True
+
+    def _header(self, parts: list[tuple[str, str]]) -> bool:
+        """``[<|start|>]assistant[ to=...]<|channel|>NAME[ json]<|message|>``: the channel of
+        the message that follows. Text that cannot begin a header means the model left the
+        format: from there on everything is content."""
+        end = self._buffer.find(_MESSAGE)
+        if end < 0:
+            head = self._buffer.lstrip()
+            if head and not any(h.startswith(head) or head.startswith(h) for h in _HEADS):
+                self._channel = "final"
+                return True
+            return False
+        header, self._buffer = self._buffer[:end], self._buffer[end + len(_MESSAGE):]
+        name = header.partition(_CHANNEL)[2].split()
+        self._channel = name[0] if name else "final"
+        return True
+
+    def _kind(self) -> str:
+        return "reasoning" if self._channel in REASONING_CHANNELS else "content"
+
+    def _emit(self, parts: list[tuple[str, str]], text: str) -> None:
+        if text:
+            parts.append((self._kind(), text))
+
+
+def _partial_marker(text: str) -> int:
+    """How many characters at the end of ``text`` may begin a closing marker."""
+    for n in range(min(len(text), max(len(c) for c in _CLOSERS) - 1), 0, -1):
+        if any(c.startswith(text[-n:]) for c in _CLOSERS):
+            return n
+    return 0
