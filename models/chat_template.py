@@ -1,10 +1,12 @@
 """Chat messages to a prompt with the model's own ``tokenizer.chat_template``, rendered with
 jinja2 as transformers and llama.cpp render it (sandboxed, ``trim_blocks``/``lstrip_blocks``,
-``raise_exception``, ``bos_token``/``eos_token``, ``add_generation_prompt``). A model without
+``raise_exception``, ``strftime_now``, a ``tojson`` that returns plain text,
+``bos_token``/``eos_token``, ``add_generation_prompt``). A model without
 a template gets llama.cpp's fallback, ChatML."""
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime
 from typing import Any, Sequence
@@ -25,6 +27,15 @@ def _warn_once(message: str) -> None:
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """JSON as plain text, as transformers' templates expect: jinja2's own ``tojson`` returns
+    markup, and ``"<|start|>" + x|tojson`` then HTML-escapes the plain text beside it (gpt-oss's
+    tool messages, Qwen's tool lists)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def render_chat(template: str | None, messages: Sequence[dict[str, Any]], *, bos_token: str = "",
@@ -50,6 +61,7 @@ def render_chat(template: str | None, messages: Sequence[dict[str, Any]], *, bos
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
     try:
         return env.from_string(template).render(
             messages=list(messages), bos_token=bos_token, eos_token=eos_token,

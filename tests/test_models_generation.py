@@ -96,6 +96,17 @@ def test_chat_templates_render_as_transformers():
         render_chat("{{ raise_exception('only user turns') }}", messages)
 
 
+def test_tojson_beside_text_stays_text():
+    """Templates join markup and JSON (gpt-oss's tool turns, Qwen's tool lists): jinja2's own
+    ``tojson`` returns markup, and the text beside it came out HTML-escaped."""
+    template = ("{%- set ns = namespace(n=0) -%}{%- for m in messages -%}{%- set ns.n = ns.n + 1 "
+                "-%}{{ '<|start|>' + m.role + '<|message|>' + m.content|tojson + '<|end|>' }}"
+                "{%- endfor -%}{{ ns.n }}")
+    messages = [{"role": "tool", "content": {"city": "Zürich", "t": [1, 2]}}]
+    assert render_chat(template, messages) == (
+        '<|start|>tool<|message|>{"city": "Zürich", "t": [1, 2]}<|end|>1')
+
+
 # --- polydev run ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
