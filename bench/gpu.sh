@@ -11,6 +11,8 @@
 #   bash bench/gpu.sh tests     there: install; pytest -m cuda; polydev compare -b CUDA0 (the
 #                               check alone, for a change of the CUDA backend's code: about
 #                               half of the default part's time)
+#   bash bench/gpu.sh models    there: install; every model architecture on CUDA0 against the
+#                               CPU (pytest -m cuda tests/test_models_archs.py)
 #   bash bench/gpu.sh llama     there: install; build llama.cpp's CUDA backend; then
 #                               bench/cuda_model.py with it side by side
 #   bash bench/gpu.sh threads   there: install; bench/threads.py (CPU thread scaling) against
@@ -152,6 +154,15 @@ check() {
     summary
 }
 
+# The model architectures on CUDA0 against the CPU (tests/test_models_archs.py), for a change of
+# the model layer: about a third of the tests part's time.
+models() {
+    require_gpu
+    step setup 150 install_polydev || { summary; exit 1; }
+    step tests 150 "python3 -m pytest -q -m cuda tests/test_models_archs.py"
+    summary
+}
+
 threads() {
     require_gpu
     step setup 90 install_polydev || { summary; exit 1; }
@@ -207,8 +218,10 @@ case "${1:-check}" in
     prepare) prepare ;;
     check) check ;;
     tests) tests ;;
+    models) models ;;
     llama) llama ;;
     threads) threads ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" ;;
-    *) say "unknown part '$1': prepare, check (the default), tests, llama or threads"; exit 2 ;;
+    *) say "unknown part '$1': prepare, check (the default), tests, models, llama or threads"
+       exit 2 ;;
 esac
