@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from polydev import Tensor, ops
+from polydev import RopeMode, Tensor, ops
 
 from .arch import Architecture
 from .kv_shift import KeyRope
@@ -20,7 +20,7 @@ from .step import StepGraph
 
 __all__ = ["Weights", "named", "norm", "qkv", "attention", "feed_forward", "moe",
            "shared_expert", "output_head", "embed", "select_outputs", "residual",
-           "pre_norm_decoder"]
+           "pre_norm_decoder", "sandwich_decoder"]
 
 
 class Weights:
@@ -286,6 +286,29 @@ def residual(s: StepGraph, h: Tensor) -> Tensor:
     """A block's output before it joins the residual stream: times granite's
     ``residual_scale`` where the model has one."""
     return ops.scale(s.ctx, h, s.hp.residual_scale) if s.hp.residual_scale else h
+
+
+def sandwich_decoder(s: StepGraph, w: Weights, *, q_scale: float, qk_norm: str = "") -> Tensor:
+    """Gemma's stack (gemma2, gemma3): embeddings scaled by sqrt(n_embd); per layer, NeoX
+    attention on the layer's RoPE base (sliding-window layers have their own) and a GEGLU
+    feed-forward, each between a norm before and a norm after, inside the residual branch;
+    then the head with the final logit soft-cap."""
+    hp = s.hp
+    x = embed(s, w["token_embd"], math.sqrt(hp.n_embd))
+    for il in range(hp.n_layer):
+        base = hp.rope_freq_base_swa if hp.is_swa(il) else hp.rope_freq_base
+        h = norm(s, x, w.layer(il, "attn_norm"), hp.rms_eps)
+        h = attention(s, w, il, h, rope_mode=RopeMode.NEOX, freq_base=base, qk_norm=qk_norm,
+                      q_scale=q_scale)
+        h = norm(s, h, w.layer(il, "post_attention_norm"), hp.rms_eps)
+        if il == hp.n_layer - 1:
+            h, x = select_outputs(s, h, x)
+        x = ops.add(s.ctx, h, x)
+        h = norm(s, x, w.layer(il, "ffn_norm"), hp.rms_eps)
+        h = feed_forward(s, w, il, h, "gelu")
+        h = norm(s, h, w.layer(il, "post_ffw_norm"), hp.rms_eps)
+        x = named(ops.add(s.ctx, h, x), "l_out", il)
+    return output_head(s, w, x, hp.final_logit_softcap)
 
 
 def pre_norm_decoder(s: StepGraph, w: Weights, *, rope_mode: int, qk_norm: bool = False,

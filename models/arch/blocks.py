@@ -73,10 +73,17 @@ def ffn_norm() -> tuple[TensorSpec, ...]:
 
 def ffn(when: str = "") -> tuple[TensorSpec, ...]:
     """The gated feed-forward: gate, up and down projections."""
-    return tuple(TensorSpec(f"blk.{{il}}.ffn_{part}.weight", shape, "MUL_MAT",
-                            f"{part} projection", when=when)
-                 for part, shape in (("gate", "n_embd, n_ff"), ("up", "n_embd, n_ff"),
-                                     ("down", "n_ff, n_embd")))
+    return _gate_up_down("", "n_ff", "", "MUL_MAT", "", when)
+
+
+def _gate_up_down(kind: str, width: str, stacked: str, op: str, whose: str,
+                  when: str) -> tuple[TensorSpec, ...]:
+    """``ffn_gate{kind}``, ``ffn_up{kind}`` and ``ffn_down{kind}`` of width ``width`` (with
+    ``stacked`` dimensions after, the experts')."""
+    return tuple(TensorSpec(f"blk.{{il}}.ffn_{part}{kind}.weight", shape + stacked, op,
+                            f"{whose}{part} projection{'s' if stacked else ''}", when=when)
+                 for part, shape in (("gate", f"n_embd, {width}"), ("up", f"n_embd, {width}"),
+                                     ("down", f"{width}, n_embd")))
 
 
 def ffn_biases(when: str = "") -> tuple[TensorSpec, ...]:
@@ -88,28 +95,17 @@ def ffn_biases(when: str = "") -> tuple[TensorSpec, ...]:
 
 def experts(width: str = "n_ff_exp", when: str = "") -> tuple[TensorSpec, ...]:
     """The router and the experts' gate, up and down matrices (MUL_MAT_ID)."""
-    return (
-        TensorSpec("blk.{il}.ffn_gate_inp.weight", "n_embd, n_expert", "MUL_MAT", "router",
-                   when=when),
-        TensorSpec("blk.{il}.ffn_gate_exps.weight", f"n_embd, {width}, n_expert", "MUL_MAT_ID",
-                   "experts' gate projections", when=when),
-        TensorSpec("blk.{il}.ffn_up_exps.weight", f"n_embd, {width}, n_expert", "MUL_MAT_ID",
-                   "experts' up projections", when=when),
-        TensorSpec("blk.{il}.ffn_down_exps.weight", f"{width}, n_embd, n_expert", "MUL_MAT_ID",
-                   "experts' down projections", when=when))
+    router = TensorSpec("blk.{il}.ffn_gate_inp.weight", "n_embd, n_expert", "MUL_MAT", "router",
+                        when=when)
+    return (router,) + _gate_up_down("_exps", width, ", n_expert", "MUL_MAT_ID", "experts' ",
+                                     when)
 
 
 def shared_expert(width: str = "n_ff_shexp", gated: bool = False,
                   when: str = "") -> tuple[TensorSpec, ...]:
     """A feed-forward every token goes through beside its experts (with a sigmoid gate of
     its own in qwen2moe)."""
-    specs = (
-        TensorSpec("blk.{il}.ffn_gate_shexp.weight", f"n_embd, {width}", "MUL_MAT",
-                   "shared expert's gate projection", when=when),
-        TensorSpec("blk.{il}.ffn_up_shexp.weight", f"n_embd, {width}", "MUL_MAT",
-                   "shared expert's up projection", when=when),
-        TensorSpec("blk.{il}.ffn_down_shexp.weight", f"{width}, n_embd", "MUL_MAT",
-                   "shared expert's down projection", when=when))
+    specs = _gate_up_down("_shexp", width, "", "MUL_MAT", "shared expert's ", when)
     if gated:
         specs += (TensorSpec("blk.{il}.ffn_gate_inp_shexp.weight", "n_embd", "MUL_MAT",
                              "shared expert's gate", when=when),)
