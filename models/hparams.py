@@ -81,8 +81,11 @@ class HParams:
     def from_gguf(cls, f: GGUFFile) -> "HParams":
         """Read and check the hyperparameters of ``f``."""
         name = f.get("general.architecture")
-        if not isinstance(name, str):
+        if name is None:
             raise ModelFileError(f"{f.path}: general.architecture is missing")
+        if not isinstance(name, str):
+            raise ModelFileError(f"{f.path}: general.architecture must be a string; it is "
+                                 f"{_show(name)}")
         spec = architecture(name)
         reader = _KeyReader(f, name)
         values = _structure(reader, f)
@@ -253,7 +256,6 @@ def _derive(values: dict[str, Any], spec: Architecture, f: GGUFFile,
     values["n_ctx_orig"] = reader.read("rope.scaling.original_context_length", "int",
                                        values["n_ctx_train"])
     values.update(_rope_scaling(f, spec.name, reader, values))
-    values["attn_logit_softcap"] = values.get("attn_logit_softcap", 0.0)
     # build_moe_ffn's norm_w: the chosen experts' weights renormalised to sum 1
     values.setdefault("expert_weights_norm", spec.name in ("llama", "qwen3moe"))
 

@@ -13,8 +13,10 @@ llama.cpp's rules (``llama_model::load_tensors``), exactly:
 - ``override_tensor`` rules (``regex=device``, first match wins, as ``-ot``) pick a tensor's
   device; ``cpu_moe`` adds ``\\.ffn_(up|down|gate)_(ch|)exps=CPU`` after them.
 - A tensor gets the first buffer type of its layer's list (the device's own, then the CPU's)
-  whose device can run the op the tensor is used in (MUL_MAT, GET_ROWS, MUL_MAT_ID, ...),
-  as ``select_weight_buft``; so a device that lacks an op never gets its weights.
+  whose device can run the op the tensor is used in (MUL_MAT, GET_ROWS, MUL_MAT_ID, ...: the
+  op its architecture's table names, ``polydev.models.arch``), as ``select_weight_buft``; so a
+  device that lacks an op never gets its weights. The file is checked against that table
+  first (``model_check``).
 - A model without ``output.weight`` uses the token embedding as its output matrix: it is
   placed again as the output layer's ``output.weight``.
 
