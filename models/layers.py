@@ -117,14 +117,15 @@ def qkv(s: StepGraph, w: Weights, il: int, x: Tensor) -> tuple[Tensor, Tensor, T
 def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
               freq_base: float, rope_scaling: bool = True, qk_norm: str = "",
               q_scale: float | None = None, rope_freqs: Tensor | None = None,
-              use_rope: bool = True, sinks: Tensor | None = None) -> Tensor:
+              use_rope: bool = True, sinks: Tensor | None = None,
+              q_factor: Tensor | None = None) -> Tensor:
     """Self-attention of layer ``il`` over the cache: q/k/v projections (with biases when the
     model has them), an optional q/k RMS norm (``qk_norm``: "head" per head, "whole" over
     the whole projection as olmo2), RoPE (unless ``use_rope`` is False: smollm3's NoPE
     layers; ``rope_scaling`` False leaves out the model's RoPE scaling, as olmo2's
     sliding-window layers), the cache write, flash attention with the layer's mask,
-    ``q_scale`` (default 1/sqrt(head size)) and attention ``sinks`` (gpt-oss), and the output
-    projection."""
+    ``q_scale`` (default 1/sqrt(head size)), a per-token ``q_factor`` after RoPE (mistral3's
+    temperature tuning) and attention ``sinks`` (gpt-oss), and the output projection."""
     hp, ctx = s.hp, s.ctx
     n_tokens = x.ne[1]
     head_k, head_v = hp.n_embd_head_k, hp.n_embd_head_v
@@ -149,6 +150,8 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
         q = ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope)
         k = ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope)
         s.key_rope[il] = KeyRope(rope_freqs, rope)  # what a K-shift turns the cached keys by
+    if q_factor is not None:
+        q = ops.mul(ctx, q, q_factor)
     named(q, "Qcur", il)
     named(k, "Kcur", il)
     scale = 1.0 / math.sqrt(head_k) if q_scale is None else q_scale
@@ -314,7 +317,7 @@ def sandwich_decoder(s: StepGraph, w: Weights, *, q_scale: float, qk_norm: str =
 def pre_norm_decoder(s: StepGraph, w: Weights, *, rope_mode: int, qk_norm: bool = False,
                      rope_freqs: Tensor | None = None, use_moe: bool = False,
                      use_rope: Callable[[int], bool] = lambda il: True,
-                     q_scale: float | None = None) -> Tensor:
+                     q_scale: float | None = None, q_factor: Tensor | None = None) -> Tensor:
     """The llama-family stack (llama, qwen2, qwen3, qwen3moe, smollm3, granite, mistral3,
     qwen2moe): per layer, x += attention(norm(x)) and x += ffn(norm(x)), the ffn a SwiGLU or
     a mixture of experts; then the head. Biases come with the weights (qwen2's q/k/v) and
@@ -326,7 +329,7 @@ def pre_norm_decoder(s: StepGraph, w: Weights, *, rope_mode: int, qk_norm: bool 
         h = norm(s, x, w.layer(il, "attn_norm"), hp.rms_eps)
         h = attention(s, w, il, h, rope_mode=rope_mode, freq_base=hp.rope_freq_base,
                       qk_norm="head" if qk_norm else "", rope_freqs=rope_freqs,
-                      use_rope=use_rope(il), q_scale=q_scale)
+                      use_rope=use_rope(il), q_scale=q_scale, q_factor=q_factor)
         if il == hp.n_layer - 1:
             h, x = select_outputs(s, h, x)
         x = ops.add(s.ctx, residual(s, h), x)

@@ -21,7 +21,14 @@ from .hparams import HParams
 from .kv_cache import KVCache
 from .kv_shift import KeyRope
 
-__all__ = ["StepShape", "StepGraph"]
+__all__ = ["StepShape", "StepGraph", "attn_temperature_scale"]
+
+
+def attn_temperature_scale(positions: np.ndarray, hp: HParams) -> np.ndarray:
+    """log(floor(pos / n_ctx_orig) + 1) * attention.temperature_scale + 1 per token
+    (llama.cpp's ``llm_graph_input_attn_temp``, as mistral3 sets it up)."""
+    floors = np.floor(positions.astype(np.float64) / hp.n_ctx_orig)
+    return (np.log(floors + 1.0) * hp.attn_temp_scale + 1.0).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class StepGraph:
         self.out_ids = (ctx.new_tensor(GGMLType.I32, [shape.n_outputs], name="inp_out_ids")
                         .set_input() if shape.n_outputs < n else None)
         self.key_rope: dict[int, KeyRope] = {}      # filled by layers.attention
+        self.attn_scale: Tensor | None = None       # made by attn_temperature() on demand
         self.logits: Tensor = build(self).set_output()
         self.graph: Graph = build_graph(self.logits)
         # An input no node reads gets no memory, so it is never written: a gemma3 whose
@@ -77,6 +85,16 @@ class StepGraph:
                                                     self.hp.sliding_window, self._mask_rows))
         if self.out_ids is not None:
             tensor_set(self.out_ids, ub.outputs)
+        if self.attn_scale is not None:
+            tensor_set(self.attn_scale, attn_temperature_scale(ub.positions, self.hp))
+
+    def attn_temperature(self) -> Tensor:
+        """Llama 4's attention temperature tuning, one F32 factor per token for its q,
+        [1, 1, n_tokens] (an input of this step, filled from the positions)."""
+        if self.attn_scale is None:
+            self.attn_scale = self.ctx.new_tensor(GGMLType.F32, [1, 1, self.shape.n_tokens],
+                                                  name="attn_scale").set_input()
+        return self.attn_scale
 
     def mask_for(self, il: int) -> Tensor:
         """The attention mask of layer ``il``."""

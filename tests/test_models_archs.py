@@ -48,6 +48,10 @@ ARCHS = {
     "olmo2": dict(),
     "qwen2moe": dict(n_expert=4),
     "mistral3": dict(n_head_kv=4),
+    "mistral3-yarn": dict(arch="mistral3", keys={
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 6, "rope.scaling.yarn_log_multiplier": 1.0,
+        "rope.scaling.yarn_beta_fast": 16.0, "attention.temperature_scale": 0.5}),
     "deepseek2": dict(n_expert=4, keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                                         "rope.scaling.original_context_length": 32,
                                         "rope.scaling.yarn_log_multiplier": 0.0707,

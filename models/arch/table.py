@@ -163,10 +163,13 @@ _ALL = (
                      "(softmax) or 2 (sigmoid)"))),
     _arch("mistral3", "Ministral 3, Mistral Small 3 (text)", "norm",
           head() + qkv(out_bias=True) + rope_factors() + ffn_norm() + ffn() + ffn_biases(),
-          keys=(Key("attention.temperature_scale", "attn_temp_scale", "float", 0.0),),
+          keys=(Key("attention.temperature_scale", "attn_temp_scale", "float", 0.0),
+                Key("rope.scaling.yarn_log_multiplier", "rope_yarn_log_mul", "float", 0.0),
+                Key("rope.scaling.yarn_beta_fast", "yarn_beta_fast", "float", 32.0),
+                Key("rope.scaling.yarn_beta_slow", "yarn_beta_slow", "float", 1.0)),
           requires=(DENSE_ONLY, ROPE_IS_HEAD,
-                    ("attn_temp_scale == 0", "attention.temperature_scale (llama 4's "
-                     "temperature tuning) is not supported yet"))),
+                    ("attn_temp_scale == 0 or n_ctx_orig > 0", "attention.temperature_scale "
+                     "needs rope.scaling.original_context_length"))),
 )
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in _ALL}
