@@ -109,6 +109,12 @@ class HParams:
         """Dimensions RoPE rotates."""
         return self.n_rot or self.n_embd_head_k
 
+    @property
+    def v_in_k(self) -> bool:
+        """Whether the cache keeps no values of its own: multi-head latent attention's value
+        is the first ``n_lora_kv`` values of each cached key row (deepseek2)."""
+        return self.n_lora_kv > 0
+
     def is_swa(self, il: int) -> bool:
         """Whether layer ``il`` attends over a sliding window."""
         return il < len(self.swa_layers) and self.swa_layers[il]

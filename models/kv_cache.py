@@ -51,7 +51,7 @@ class KVCache(Resource):
         self.cells = KVCells(self.size)
         self.edits = 0          # seq_* calls so far: a user's edit tells Model its tokens moved
         self.k: list[Tensor] = []
-        self.v: list[Tensor] = []
+        self.v: list[Tensor | None] = []      # None: read from the keys (hp.v_in_k)
         self.buffers: list[Buffer] = []
         contexts: dict[int, tuple] = {}
         for il in range(hp.n_layer):
@@ -60,8 +60,8 @@ class KVCache(Resource):
                                                          Context(f"kv {device.name}")))
             self.k.append(ctx.new_tensor(self.type_k, [hp.n_embd_k_gqa(il), self.size],
                                          name=f"cache_k_l{il}"))
-            self.v.append(ctx.new_tensor(self.type_v, [hp.n_embd_v_gqa(il), self.size],
-                                         name=f"cache_v_l{il}"))
+            self.v.append(None if hp.v_in_k else ctx.new_tensor(
+                self.type_v, [hp.n_embd_v_gqa(il), self.size], name=f"cache_v_l{il}"))
         try:
             for buft, ctx in contexts.values():
                 buf = alloc_ctx_tensors(ctx, buft)
@@ -112,18 +112,24 @@ class KVCache(Resource):
         """The last cached position of ``seq_id``; -1 when it has none."""
         return self.cells.seq_pos_max(seq_id)
 
-    def store_and_view(self, ctx: Context, il: int, k: Tensor, v: Tensor, cells: Tensor,
+    def store_and_view(self, ctx: Context, il: int, k: Tensor, v: Tensor | None, cells: Tensor,
                        n_kv: int) -> tuple[Tensor, Tensor]:
-        """Write the batch's K and V rows (``k`` [head_k, n_head_kv, n_tokens], ``v`` alike)
-        at ``cells`` and return views of the first ``n_kv`` cells, [head, n_kv, n_head_kv],
-        that read after the writes."""
+        """Write the batch's K and V rows (``k`` [head_k, n_head_kv, n_tokens], ``v`` alike;
+        None where the values live in the keys, ``HParams.v_in_k``) at ``cells`` and return
+        views of the first ``n_kv`` cells, [head, n_kv, n_head_kv], that read after the
+        writes."""
         n_tokens = k.ne[2]
         K, V = self.k[il], self.v[il]
         k_new = ops.set_rows(ctx, K, ctx.reshape(k, K.ne[0], n_tokens), cells)
-        v_new = ops.set_rows(ctx, V, ctx.reshape(v, V.ne[0], n_tokens), cells)
-        head_k, head_v = k.ne[0], v.ne[0]
+        head_k = k.ne[0]
         k_view = ctx.view_3d(k_new, head_k, n_kv, k.ne[1], K.nb[1],
                              K.traits.row_size(head_k), 0)
+        if V is None:                     # the first head_v values of each key row
+            head_v = self.hp.n_embd_head_v
+            return k_view, ctx.view_3d(k_new, head_v, n_kv, k.ne[1], K.nb[1],
+                                       K.traits.row_size(head_k), 0)
+        v_new = ops.set_rows(ctx, V, ctx.reshape(v, V.ne[0], n_tokens), cells)
+        head_v = v.ne[0]
         v_view = ctx.view_3d(v_new, head_v, n_kv, v.ne[1], V.nb[1],
                              V.traits.row_size(head_v), 0)
         return k_view, v_view

@@ -523,8 +523,8 @@ def kv_size(n_ctx: int) -> int:
 
 def _kv_layer_bytes(hp: HParams, il: int, cells: int, type_k: GGMLType,
                     type_v: GGMLType) -> int:
-    return cells * (type_k.traits.row_size(hp.n_embd_k_gqa(il))
-                    + type_v.traits.row_size(hp.n_embd_v_gqa(il)))
+    values = 0 if hp.v_in_k else type_v.traits.row_size(hp.n_embd_v_gqa(il))
+    return cells * (type_k.traits.row_size(hp.n_embd_k_gqa(il)) + values)
 
 
 def _compute_estimate(hp: HParams, n_ctx: int, n_batch: int) -> int:

@@ -238,3 +238,15 @@ def test_deepseek2_moved_positions_turn_the_roped_part_of_its_rows(tmp_path_fact
         got = m.decode(Batch().add_sequence(ids[N_PROMPT:], 0, logits="all"))
     tolerance = {"f32": 1e-4, "f16": 5e-3}[cache]
     np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max())
+
+
+def test_deepseek2_caches_one_compressed_row_per_token(tmp_path_factory):
+    """The cache holds keys only, kv_lora_rank + rope dims per token and layer; the values
+    are read from them (and the placement's memory estimate says the same)."""
+    path = _model(tmp_path_factory, "deepseek2", "F16")
+    with load(path, devices=[], n_ctx=256, type_k="f16", progress=False) as m:
+        hp = m.hparams
+        row = 2 * (hp.n_lora_kv + hp.n_rot)
+        assert (hp.n_embd_head_k, hp.n_head_kv[0]) == (hp.n_lora_kv + hp.n_rot, 1)
+        assert m.kv.nbytes == hp.n_layer * m.kv.size * row
+        assert m.placement.usage["CPU"].kv_cache == m.kv.nbytes

@@ -84,7 +84,7 @@ def latent_attention(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
     compressed = ctx.reshape(compressed, rank, 1, n_tokens)
     k = named(ops.concat(ctx, compressed, k_rope, 0), "Kcur", il)
     s.key_rope[il] = KeyRope(None, rope, first=rank, width=n_rot)   # behind the compressed kv
-    k_all, v_all = s.kv.store_and_view(ctx, il, k, compressed, s.cells, s.shape.n_kv)
+    k_all, v_all = s.kv.store_and_view(ctx, il, k, None, s.cells, s.shape.n_kv)  # V in K
     out = ops.flash_attn_ext(ctx, ctx.permute(q, 0, 2, 1, 3), k_all, v_all, s.mask_for(il),
                              kq_scale(hp))                           # [rank, n_head, n_tokens]
     out = ops.mul_mat(ctx, w.layer(il, "attn_v_b"), ctx.permute(out, 0, 2, 1, 3))
