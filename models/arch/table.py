@@ -58,6 +58,10 @@ MLA_FORM = ("n_head_kv == 1 and n_embd_head_k == n_lora_kv + n_rot and n_embd_he
             "the file is not in llama.cpp's MLA form (head_count_kv 1, key_length = "
             "kv_lora_rank + rope.dimension_count, value_length = kv_lora_rank, key_length_mla > "
             "rope.dimension_count); files with attn_kv_b are not supported")
+# YaRN's settings that some architectures read (llama.cpp's deepseek2 and mistral3)
+YARN_KEYS = (Key("rope.scaling.yarn_log_multiplier", "rope_yarn_log_mul", "float", 0.0),
+             Key("rope.scaling.yarn_beta_fast", "yarn_beta_fast", "float", 32.0),
+             Key("rope.scaling.yarn_beta_slow", "yarn_beta_slow", "float", 1.0))
 SWA_KEYS = (Key("attention.sliding_window", "sliding_window", "int", 0),
             Key("rope.freq_base_swa", "rope_freq_base_swa", "float", "=rope_freq_base"))
 
@@ -154,19 +158,14 @@ _ALL = (
                 Key("expert_weights_norm", "expert_weights_norm", "bool", False),
                 Key("expert_gating_func", "expert_gating_func", "int", 1),
                 Key("expert_group_count", "n_expert_groups", "int", 0),
-                Key("expert_group_used_count", "n_group_used", "int", 0),
-                Key("rope.scaling.yarn_log_multiplier", "rope_yarn_log_mul", "float", 0.0),
-                Key("rope.scaling.yarn_beta_fast", "yarn_beta_fast", "float", 32.0),
-                Key("rope.scaling.yarn_beta_slow", "yarn_beta_slow", "float", 1.0)),
+                Key("expert_group_used_count", "n_group_used", "int", 0)) + YARN_KEYS,
           requires=(HAS_EXPERTS, MLA_FORM,
                     ("expert_gating_func in (0, 1, 2)", "expert_gating_func must be 1 "
                      "(softmax) or 2 (sigmoid)"))),
     _arch("mistral3", "Ministral 3, Mistral Small 3 (text)", "norm",
           head() + qkv(out_bias=True) + rope_factors() + ffn_norm() + ffn() + ffn_biases(),
-          keys=(Key("attention.temperature_scale", "attn_temp_scale", "float", 0.0),
-                Key("rope.scaling.yarn_log_multiplier", "rope_yarn_log_mul", "float", 0.0),
-                Key("rope.scaling.yarn_beta_fast", "yarn_beta_fast", "float", 32.0),
-                Key("rope.scaling.yarn_beta_slow", "yarn_beta_slow", "float", 1.0)),
+          keys=(Key("attention.temperature_scale", "attn_temp_scale", "float", 0.0),)
+          + YARN_KEYS,
           requires=(DENSE_ONLY, ROPE_IS_HEAD,
                     ("attn_temp_scale == 0 or n_ctx_orig > 0", "attention.temperature_scale "
                      "needs rope.scaling.original_context_length"))),
