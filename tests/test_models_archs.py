@@ -36,6 +36,7 @@ N_PROMPT, N_DECODE = 12, 4
 
 ARCHS = {
     "llama": dict(n_head_kv=1),
+    "llama-moe": dict(arch="llama", n_expert=4),
     "qwen2": dict(),
     "qwen3": dict(head_dim=32),
     "qwen3moe": dict(n_expert=4, head_dim=32),
