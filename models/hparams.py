@@ -18,6 +18,7 @@ import numpy as np
 from polydev.errors import GGUFError, ModelFileError, UnsupportedError
 
 from .arch import REQUIRED, Architecture, architecture
+from .arch.schema import evaluate
 from .gguf import GGUFFile
 
 __all__ = ["HParams", "MAX_LAYERS", "MAX_EXPERTS"]
@@ -290,7 +291,7 @@ def _check(hp: HParams, spec: Architecture, reader: _KeyReader) -> None:
                                                       "more")
     symbols = hp.symbols(0)
     for condition, message in spec.requires:
-        if not eval(condition, {"__builtins__": {}}, symbols):  # noqa: S307 (table constants)
+        if not evaluate(condition, symbols):
             raise (UnsupportedError if "not supported" in message else ModelFileError)(
                 f"{reader.f.path}: {spec.name}: {message}")
 

@@ -14,11 +14,12 @@ from typing import Callable
 from polydev import RopeMode, Tensor, ops
 
 from .arch import Architecture
+from .hparams import HParams
 from .kv_shift import KeyRope
 from .loader import ModelWeights
 from .step import StepGraph
 
-__all__ = ["Weights", "named", "norm", "qkv", "attention", "feed_forward", "moe",
+__all__ = ["Weights", "named", "norm", "qkv", "rope_params", "attention", "feed_forward", "moe",
            "shared_expert", "output_head", "embed", "select_outputs", "residual",
            "pre_norm_decoder", "sandwich_decoder"]
 
@@ -114,6 +115,18 @@ def qkv(s: StepGraph, w: Weights, il: int, x: Tensor) -> tuple[Tensor, Tensor, T
                  for n, offset in zip(widths, offsets))
 
 
+def rope_params(hp: HParams, mode: int, freq_base: float, n_dims: int,
+                scaled: bool = True) -> dict:
+    """``ops.rope_ext``'s keyword arguments for this model: its base, dimensions and YaRN
+    betas, and (``scaled``) its frequency scale, YaRN mix and magnitude factor."""
+    rope = dict(n_dims=n_dims, mode=mode, n_ctx_orig=hp.n_ctx_orig, freq_base=freq_base,
+                beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+    if scaled:
+        rope.update(freq_scale=hp.rope_freq_scale, ext_factor=hp.rope_ext_factor,
+                    attn_factor=hp.rope_attn_factor)
+    return rope
+
+
 def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
               freq_base: float, rope_scaling: bool = True, qk_norm: str = "",
               q_scale: float | None = None, rope_freqs: Tensor | None = None,
@@ -141,12 +154,7 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
         q = norm(s, q, w.layer(il, "attn_q_norm"), hp.rms_eps)
         k = norm(s, k, w.layer(il, "attn_k_norm"), hp.rms_eps)
     if use_rope:
-        rope = dict(n_dims=hp.head_dim_rot, mode=rope_mode, n_ctx_orig=hp.n_ctx_orig,
-                    freq_base=freq_base,
-                    beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
-        if rope_scaling:
-            rope.update(freq_scale=hp.rope_freq_scale, ext_factor=hp.rope_ext_factor,
-                        attn_factor=hp.rope_attn_factor)
+        rope = rope_params(hp, rope_mode, freq_base, hp.head_dim_rot, rope_scaling)
         q = ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope)
         k = ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope)
         s.key_rope[il] = KeyRope(rope_freqs, rope)  # what a K-shift turns the cached keys by

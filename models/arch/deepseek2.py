@@ -20,7 +20,7 @@ from polydev import RopeMode, Tensor, ops
 from ..hparams import HParams
 from ..kv_shift import KeyRope
 from ..layers import (Weights, embed, feed_forward, moe, named, norm, output_head,
-                      select_outputs)
+                      rope_params, select_outputs)
 from ..step import StepGraph
 
 _GATING = {0: "softmax", 1: "softmax", 2: "sigmoid"}     # llama.cpp's expert_gating_func
@@ -67,10 +67,7 @@ def latent_attention(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
     compressed = ops.cont(ctx, ctx.view_2d(kv, rank, n_tokens, kv.nb[1], 0))
     k_rope = ops.cont(ctx, ctx.view_3d(kv, n_rot, 1, n_tokens, kv.nb[1], kv.nb[1],
                                        kv.traits.row_size(rank)))
-    rope = dict(n_dims=n_rot, mode=RopeMode.NORMAL, n_ctx_orig=hp.n_ctx_orig,
-                freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
-                ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
-                beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+    rope = rope_params(hp, RopeMode.NORMAL, hp.rope_freq_base, n_rot)
     k_rope = ops.rope_ext(ctx, k_rope, s.positions, None, **rope)
     compressed = norm(s, compressed, w.layer(il, "attn_kv_a_norm"), hp.rms_eps)
     q_nope = ctx.view_3d(q, n_nope, n_head, n_tokens, q.nb[1], q.nb[2], 0)
