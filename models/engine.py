@@ -10,9 +10,15 @@ begins the same way (a conversation's next turn) reads only what is new, and a r
 shares a prefix with another slot's cache shares those cells (``seq_cp``) instead of
 recomputing them.
 
-Requests are submitted from any thread (``submit``, ``Handle.cancel``); ``step`` and
-``run`` belong to one thread, the one that owns the model. Results arrive through each
-request's ``on_event`` callback, called on that thread.
+This is polydev's one generation loop: ``polydev serve`` runs it over many slots,
+``Model.generate_batch`` over one per prompt, and ``Model.generate`` (``polydev run``) over a
+single slot through ``stream``, so end-of-generation tokens, UTF-8 holding, stop strings,
+length limits and prefix reuse are written once, here.
+
+Requests are submitted from any thread (``submit``, ``Handle.cancel``); ``step``, ``run`` and
+``stream`` belong to one thread, the one that owns the model. Results arrive through each
+request's ``on_event`` callback, called on that thread; ``snapshot`` is what other threads
+read of the engine's state (``/slots``, ``/metrics``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -34,7 +40,8 @@ from .sampling import Sampler, SamplingParams
 from .stop_strings import StopMatcher
 from .streaming import Utf8Stream
 
-__all__ = ["BatchEngine", "Handle", "Piece", "Finished", "QueueFullError"]
+__all__ = ["BatchEngine", "EngineSnapshot", "Event", "Finished", "Handle", "Piece",
+           "QueueFullError", "SlotState"]
 
 log = logging.getLogger(__name__)
 _MIN_SHARED_PREFIX = 16     # a shorter common prefix is cheaper to recompute than to share
@@ -67,6 +74,31 @@ class Finished:
 
 
 Event = Piece | Finished
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as ``/slots`` shows it: its sequence, whether a request holds it, the tokens
+    its sequence has in the cache and those generated for the request it holds."""
+
+    id: int
+    processing: bool
+    n_cached: int
+    n_decoded: int
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state at one moment, for other threads to read (``BatchEngine.snapshot``):
+    slots, requests waiting and running, token counters and the KV cache's cells."""
+
+    slots: tuple[SlotState, ...]
+    queued: int
+    processing: int
+    prompt_tokens: int
+    generated_tokens: int
+    kv_cells_used: int
+    kv_cells_size: int
 
 
 @dataclass
@@ -157,6 +189,15 @@ class BatchEngine:
     def processing(self) -> int:
         return sum(s.handle is not None for s in self.slots)
 
+    def snapshot(self) -> EngineSnapshot:
+        """The slots, queue, counters and cache now (any thread: each figure is read once)."""
+        slots = tuple(SlotState(s.seq_id, s.handle is not None, len(s.cached),
+                                s.generated if s.handle is not None else 0)
+                      for s in self.slots)
+        cells = self.model.memory.cells
+        return EngineSnapshot(slots, len(self._queue), sum(s.processing for s in slots),
+                              self.prompt_tokens, self.generated_tokens, cells.used, cells.size)
+
     def wait_for_work(self, timeout: float) -> None:
         """Block until a request is queued (or ``timeout`` seconds pass)."""
         with self._wake:
@@ -180,7 +221,7 @@ class BatchEngine:
         if not len(batch):
             return False
         try:
-            logits = self.model.decode(batch)
+            logits = self.model.evaluator.decode(batch)   # the slots keep their own tokens
         except PolydevError as e:           # the batch is rolled back; its requests end
             log.error("a batch of %d tokens failed: %s", len(batch), e)
             for slot in self._slots_in(batch):
@@ -212,6 +253,45 @@ class BatchEngine:
         """Step until no request is waiting or running."""
         while self._queue or self.processing:
             self.step()
+
+    def stream(self, prompt: Sequence[int], *, max_tokens: int = 128,
+               params: SamplingParams | None = None,
+               stops: Sequence[str] = ()) -> Iterator[Event]:
+        """Submit a request and step the engine on this thread until it ends, yielding its
+        events as they come (the last one is its ``Finished``). Leaving the loop early (a
+        consumer that stops, Ctrl-C) cancels the request and frees its slot."""
+        events: deque[Event] = deque()
+        handle = self.submit(prompt, events.append, max_tokens=max_tokens, params=params,
+                             stops=stops)
+        finished = False
+        try:
+            while not finished:
+                if not events and not self.step() and not events:
+                    raise ContextFullError(     # nothing else runs that could free cells
+                        f"the cache has no room for the prompt's {len(handle.prompt)} tokens "
+                        f"({self.model.memory.cells.free} of {self.model.n_ctx} cells are "
+                        "free: free other sequences, or raise n_ctx)")
+                while events:
+                    event = events.popleft()
+                    finished = isinstance(event, Finished)
+                    yield event
+        finally:
+            if not finished:
+                handle.cancel()
+                self._drop_cancelled()
+
+    def adopt(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Tell the engine that sequence ``seq_id`` of the cache holds ``tokens`` (evaluated
+        outside the engine: ``Model.eval``), so that a request beginning with them reuses
+        their cells. The slot must be free."""
+        slot = self.slots[seq_id]
+        if slot.handle is not None:
+            raise InvalidArgumentError(f"slot {seq_id} is serving a request")
+        slot.cached = [int(t) for t in tokens]
+
+    def cached(self, seq_id: int) -> list[int]:
+        """The tokens that sequence ``seq_id`` holds in the cache (a copy)."""
+        return list(self.slots[seq_id].cached)
 
     # --- admission --------------------------------------------------------------------------
 

@@ -123,12 +123,6 @@ class Evaluator(Resource):
         """Forget every cached sequence."""
         self.kv.clear()
 
-    def truncate(self, n: int) -> None:
-        """Keep only the first ``n`` cached tokens of sequence 0."""
-        if not 0 <= n <= self.n_past:
-            raise InvalidArgumentError(f"cannot keep {n} of {self.n_past} cached tokens")
-        self.kv.seq_rm(0, n)
-
     def prepare(self, ub: UBatch) -> tuple[StepGraph, np.ndarray]:
         """Place ``ub``'s tokens in free cells of the cache; the graph of the step (built if
         its shape is new, not yet allocated) and the cells."""

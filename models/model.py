@@ -28,8 +28,7 @@ from .kv_cells import MAX_SEQUENCES
 from .loader import ModelWeights, load_weights
 from .placement import Placement, plan_placement
 from .harmony import is_harmony
-from .sampling import Sampler, SamplingParams
-from .streaming import Utf8Stream
+from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
 __all__ = ["Model", "load"]
@@ -84,6 +83,7 @@ class Model(Resource):
         self.tokens: list[int] = []          # the context: every token evaluated, in order
         self._edits = 0                      # memory edits that ``tokens`` has seen
         self.generated: list[int] = []       # the tokens the last generate produced
+        self._engine = BatchEngine(self, n_slots=1, max_queued=0)   # generate's, on sequence 0
 
     # --- text ------------------------------------------------------------------------------
 
@@ -147,64 +147,49 @@ class Model(Resource):
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, *,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 seed: int | None = None, add_special: bool = True, parse_special: bool = False,
-                 keep_context: bool = False) -> Iterator[str]:
+                 seed: int | None = None, stop: Sequence[str] = (), add_special: bool = True,
+                 parse_special: bool = False, keep_context: bool = False) -> Iterator[str]:
         """Text pieces of the continuation of ``prompt`` (text, or token ids), streamed as they
-        are generated; stops at an end-of-generation token or after ``max_tokens``.
-        ``temperature=0`` is greedy. The context starts over from the prompt (reusing the cached
-        tokens it begins with), or continues after them with ``keep_context``."""
+        are generated; stops at an end-of-generation token, at a ``stop`` string (not
+        shown) or after ``max_tokens``. ``temperature=0`` is greedy. The context starts over
+        from the prompt (reusing the cached tokens it begins with), or continues after them
+        with ``keep_context``. This is the batching engine (``polydev.models.engine``) with
+        one sequence, sequence 0 of the cache."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 seed=seed)
-        ids = (self.tokenize(prompt, add_special, parse_special) if isinstance(prompt, str)
-               else [int(t) for t in prompt])
+        ids = self._prompt_ids(prompt, add_special, parse_special)
         if not ids:
             raise InvalidArgumentError("the prompt has no tokens")
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
-        return self._generate(ids, max_tokens, params, keep_context)
+        return self._generate(ids, max_tokens, params, tuple(stop), keep_context)
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  keep_context: bool) -> Iterator[str]:
-        if not keep_context:
-            ids = self._reuse_prefix(ids)
-        sampler = Sampler(params, self.n_ctx)
-        for t in self.tokens + ids:
-            sampler.accept(t)
-        stream = Utf8Stream()
-        self.generated = []
-        self.eval(ids)
-        for step in range(max_tokens):
-            token = sampler.sample(self._logits)
-            if self.tokenizer.is_eog(token):
-                break
-            sampler.accept(token)
-            self.generated.append(token)
-            text = stream.feed(self.tokenizer.token_to_piece(token))
-            if text:
-                yield text
-            if step + 1 == max_tokens or len(self.tokens) >= self.n_ctx:
-                break                  # the last token needs no logits: it is not evaluated
-            self.eval([token])
-        tail = stream.flush()
-        if tail:
-            yield tail
-
-    def _reuse_prefix(self, ids: list[int]) -> list[int]:
-        """Start the context over from ``ids``, keeping the cached tokens they begin with (a
-        conversation re-sends its history every turn); returns the tokens still to evaluate
-        (at least one, for its logits)."""
-        keep = 0
+                  stops: tuple[str, ...], keep_context: bool) -> Iterator[str]:
+        self._check_open()
         if self.kv.edits != self._edits:    # memory.seq_* changed sequence 0 behind our back
             self.tokens = []
-        for cached, new in zip(self.tokens, ids[:-1]):
-            if cached != new:
-                break
-            keep += 1
-        self.evaluator.truncate(keep)
-        self._edits = self.kv.edits
-        self.tokens, self._logits = self.tokens[:keep], None
-        return ids[keep:]
+        prompt = self.tokens + ids if keep_context else ids
+        self._engine.adopt(0, self.tokens)
+        self.generated, self._logits = [], None
+        try:
+            for event in self._engine.stream(prompt, max_tokens=max_tokens, params=params,
+                                             stops=stops):
+                if isinstance(event, Piece):
+                    self.generated += event.tokens
+                    if event.text:
+                        yield event.text
+                elif event.error is not None:
+                    raise event.error
+        finally:
+            self.tokens, self._edits = self._engine.cached(0), self.kv.edits
+
+    def _prompt_ids(self, prompt: str | Sequence[int], add_special: bool,
+                    parse_special: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_special, parse_special)
+        return [int(t) for t in prompt]
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, *,
                        n_parallel: int | None = None, stop: Sequence[str] = (),
@@ -215,8 +200,7 @@ class Model(Resource):
         its own sampler with the same settings (``temperature``, ``seed``, ... as
         ``generate``). The cache is shared: the prompts and their continuations must fit
         ``n_ctx`` together, or the longest ones end early. Starts the context over."""
-        ids = [self.tokenize(p, add_special, parse_special) if isinstance(p, str)
-               else [int(t) for t in p] for p in prompts]
+        ids = [self._prompt_ids(p, add_special, parse_special) for p in prompts]
         params = SamplingParams(**sampling)
         engine = BatchEngine(self, n_parallel or max(1, min(len(ids), MAX_SEQUENCES)),
                              max_queued=len(ids))
@@ -242,7 +226,8 @@ class Model(Resource):
 
     def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256,
              **sampling: Any) -> Iterator[str]:
-        """The assistant's reply to ``messages``, through the model's own chat template."""
+        """The assistant's reply to ``messages``, through the model's own chat template
+        (``stop`` and the sampling settings as ``generate``)."""
         prompt = self.chat_prompt(messages)
         return self.generate(prompt, max_tokens, add_special=False, parse_special=True,
                              **sampling)

@@ -85,10 +85,10 @@ def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = No
 
     async def slots(request: Request) -> Response:
         _require_ready(worker)
-        return JSONResponse([{"id": s.seq_id, "is_processing": s.handle is not None,
-                              "n_ctx": worker.model.n_ctx, "n_cached": len(s.cached),
-                              "n_decoded": s.generated if s.handle is not None else 0}
-                             for s in worker.engine.slots])
+        n_ctx = worker.model.n_ctx
+        return JSONResponse([{"id": s.id, "is_processing": s.processing, "n_ctx": n_ctx,
+                              "n_cached": s.n_cached, "n_decoded": s.n_decoded}
+                             for s in worker.engine.snapshot().slots])
 
     async def completions(request: Request) -> Response:
         return await _generate(request, worker, read_completion, model_name, chat=False)

@@ -10,22 +10,21 @@ __all__ = ["prometheus_text"]
 
 def prometheus_text(worker: ModelWorker) -> str:
     """The server's counters and gauges now."""
-    engine, model = worker.engine, worker.model
+    now = worker.engine.snapshot()
     busy = worker.busy_seconds
-    cells = model.memory.cells
     rows = [
-        ("prompt_tokens_total", "counter", "Prompt tokens evaluated.", engine.prompt_tokens),
-        ("tokens_predicted_total", "counter", "Tokens generated.", engine.generated_tokens),
+        ("prompt_tokens_total", "counter", "Prompt tokens evaluated.", now.prompt_tokens),
+        ("tokens_predicted_total", "counter", "Tokens generated.", now.generated_tokens),
         ("tokens_seconds_total", "counter", "Seconds spent evaluating batches.", busy),
         ("predicted_tokens_seconds", "gauge",
          "Generated tokens per second of evaluation, all sequences together.",
-         engine.generated_tokens / busy if busy else 0.0),
-        ("requests_processing", "gauge", "Requests in a slot.", engine.processing),
-        ("requests_deferred", "gauge", "Requests waiting for a slot.", engine.queued),
-        ("kv_cache_tokens", "gauge", "KV cache cells in use.", cells.used),
+         now.generated_tokens / busy if busy else 0.0),
+        ("requests_processing", "gauge", "Requests in a slot.", now.processing),
+        ("requests_deferred", "gauge", "Requests waiting for a slot.", now.queued),
+        ("kv_cache_tokens", "gauge", "KV cache cells in use.", now.kv_cells_used),
         ("kv_cache_usage_ratio", "gauge", "Share of the KV cache's cells in use.",
-         cells.used / cells.size),
-        ("n_slots", "gauge", "Sequences served at once.", len(engine.slots)),
+         now.kv_cells_used / now.kv_cells_size),
+        ("n_slots", "gauge", "Sequences served at once.", len(now.slots)),
     ]
     lines = []
     for name, kind, text, value in rows:

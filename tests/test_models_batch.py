@@ -391,6 +391,61 @@ def test_stops_lengths_cancellation_and_a_full_queue(engine_model):
             engine.submit(tokens_for(256, 3), lambda e: None)
 
 
+def test_generate_is_the_engine_with_one_sequence(engine_model):
+    """Model.generate ends at stop strings as the engine does, and a generation left early
+    (the consumer stops reading) frees its sequence: the context keeps what was evaluated,
+    and the next generation starts from it as from any cached prefix."""
+    ids = tokens_for(10, 21)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        want = "".join(m.generate(ids, 12, temperature=0))
+        stop = want[4:6]
+        assert "".join(m.generate(ids, 12, temperature=0, stop=[stop])) == \
+            want[:want.index(stop)]
+        pieces = m.generate(ids, 12, temperature=0)
+        next(pieces)
+        pieces.close()
+        assert m.tokens[:10] == ids and m.memory.seq_pos_max(0) + 1 == len(m.tokens)
+        assert "".join(m.generate(ids, 12, temperature=0)) == want
+
+
+def test_an_interrupted_generation_leaves_the_context_whole(engine_model, monkeypatch):
+    """Ctrl-C inside a step (polydev run) rolls the step back: the context is what the cache
+    holds, and generating again gives what it gave before."""
+    ids = tokens_for(10, 22)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        want = "".join(m.generate(ids, 8, temperature=0))
+        decode, calls = m.evaluator.decode, []
+
+        def interrupted(batch):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return decode(batch)
+        monkeypatch.setattr(m.evaluator, "decode", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            list(m.generate(tokens_for(6, 23), 8, temperature=0))
+        assert m.memory.seq_pos_max(0) + 1 == len(m.tokens) > 6
+        assert "".join(m.generate(ids, 8, temperature=0)) == want
+
+
+def test_the_snapshot_shows_slots_queue_and_cache(engine_model):
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        engine = BatchEngine(m, n_slots=2)
+        for seed in range(3):
+            engine.submit(tokens_for(5, seed), lambda e: None, max_tokens=4,
+                          params=SamplingParams(temperature=0))
+        before = engine.snapshot()
+        assert (before.queued, before.processing, before.kv_cells_used) == (3, 0, 0)
+        engine.step()
+        now = engine.snapshot()
+        assert now.queued == 1 and now.processing == 2 and now.kv_cells_size == m.n_ctx
+        assert [s.n_cached for s in now.slots] == [5, 5] and now.kv_cells_used == 10
+        assert now.prompt_tokens == 10 and all(s.processing for s in now.slots)
+        engine.run_until_done()
+        done = engine.snapshot()
+        assert done.processing == done.queued == 0 and done.generated_tokens >= 3
+
+
 def test_a_full_context_ends_the_longest_sequence(tmp_path):
     path = write_test_model(tmp_path / "m.gguf", n_layer=1, weight_type="F16")
     with load(path, devices=[], n_ctx=256, progress=False) as m:
@@ -410,18 +465,18 @@ def test_a_failed_batch_ends_its_requests_and_the_engine_goes_on(engine_model, m
     with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
         engine = BatchEngine(m, n_slots=2)
         ends = []
-        decode = m.decode
+        decode = m.evaluator.decode      # the engine's way in (its slots keep the tokens)
 
         def failing(batch):
             raise InvalidArgumentError("a kernel failed")
-        monkeypatch.setattr(m, "decode", failing)
+        monkeypatch.setattr(m.evaluator, "decode", failing)
         for seed in (1, 2):
             engine.submit(tokens_for(5, seed), lambda e: ends.append(e)
                           if isinstance(e, Finished) else None, max_tokens=4)
         engine.step()
         assert [e.reason for e in ends] == ["error", "error"]
         assert "a kernel failed" in str(ends[0].error) and engine.processing == 0
-        monkeypatch.setattr(m, "decode", decode)
+        monkeypatch.setattr(m.evaluator, "decode", decode)
         engine.submit(tokens_for(5, 3), lambda e: ends.append(e)
                       if isinstance(e, Finished) else None, max_tokens=4)
         engine.run_until_done()

@@ -133,6 +133,15 @@ def test_run_is_deterministic_when_greedy(capsys, small_model):
     assert texts[0] == texts[1]
 
 
+def test_run_ends_at_a_stop_string(capsys, small_model):
+    argv = ["run", "-m", small_model, "-p", "w5", "-n", "12", "--temp", "0", "--no-progress"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    stop = text[4:6]
+    assert main([*argv, "--stop", "no such text", "--stop", stop]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == text[:text.index(stop)]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-n", "-1"], "-n must be 0 or more"),
     (["-f", "/no/such/prompt.txt"], "cannot read the prompt file"),

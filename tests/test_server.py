@@ -39,8 +39,10 @@ def model_file(tmp_path_factory):
 
 
 @contextmanager
-def live_server(path, *, n_slots=4, api_key=None, max_queued=64, load_model=None):
-    """A server on a free port of 127.0.0.1, stopped on the way out."""
+def live_server(path, *, n_slots=4, api_key=None, max_queued=64, load_model=None,
+                wait_ready=True):
+    """A server on a free port of 127.0.0.1, stopped on the way out; with ``wait_ready``, once
+    its model has loaded (a request before then is a 503, which only one test wants)."""
     def default_load():
         return load(path, devices=[], n_ctx=N_CTX, progress=False)
     worker = ModelWorker(load_model or default_load, n_slots, max_queued)
@@ -54,6 +56,7 @@ def live_server(path, *, n_slots=4, api_key=None, max_queued=64, load_model=None
         time.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
+        assert not wait_ready or worker.wait_ready(TIMEOUT), f"no model: {worker.error}"
         yield f"http://127.0.0.1:{port}", worker
     finally:
         server.should_exit = True
@@ -251,7 +254,7 @@ def test_health_is_503_while_the_model_loads(model_file):
         loaded.wait(TIMEOUT)
         return load(model_file, devices=[], n_ctx=N_CTX, progress=False)
 
-    with live_server(model_file, load_model=slow_load) as (url, worker):
+    with live_server(model_file, load_model=slow_load, wait_ready=False) as (url, worker):
         status, headers, reply = request(url, "GET", "/health")
         assert status == 503 and reply["error"]["code"] == "model_loading"
         assert headers.get("retry-after") == "1"

@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("-f", "--file", metavar="PATH", help="read the prompt from a file")
     p.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
                    help="tokens to generate at most (default 128)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end the text where TEXT appears (TEXT itself is not printed); "
+                        "repeat for several")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as one user message through the model's chat template")
     p.add_argument("-i", "--interactive", action="store_true",
@@ -64,10 +67,10 @@ def _prompt(args: argparse.Namespace) -> str:
     return "Once upon a time" if args.prompt is None else args.prompt
 
 
-def _sampling(args: argparse.Namespace) -> dict:
+def _generation_options(args: argparse.Namespace) -> dict:
     return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                seed=args.seed)
+                seed=args.seed, stop=args.stop)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
             if args.interactive:
                 _converse(model, prompt if args.prompt or args.file else None, args)
             else:
+                options = _generation_options(args)
                 pieces = (model.chat([{"role": "user", "content": prompt}], args.n_predict,
-                                     **_sampling(args)) if args.chat
-                          else model.generate(prompt, args.n_predict, **_sampling(args)))
+                                     **options) if args.chat
+                          else model.generate(prompt, args.n_predict, **options))
                 _stream(pieces, _splitter(model, args.chat))
                 print()
         except KeyboardInterrupt:
@@ -142,7 +146,7 @@ def _converse(model, first: str | None, args: argparse.Namespace) -> None:
                 print(file=sys.stderr)
                 return
         messages.append({"role": "user", "content": message})
-        reply = _stream(model.chat(messages, args.n_predict, **_sampling(args)),
+        reply = _stream(model.chat(messages, args.n_predict, **_generation_options(args)),
                         _splitter(model, True))
         print()
         messages.append({"role": "assistant", "content": reply})
