@@ -399,8 +399,8 @@ def test_generate_is_the_engine_with_one_sequence(engine_model):
     with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
         want = "".join(m.generate(ids, 12, temperature=0))
         stop = want[4:6]
-        assert "".join(m.generate(ids, 12, temperature=0, stop=[stop])) == \
-            want[:want.index(stop)]
+        stopped = "".join(m.generate(ids, 12, temperature=0, stop=[stop]))
+        assert stopped == want[:want.index(stop)]
         pieces = m.generate(ids, 12, temperature=0)
         next(pieces)
         pieces.close()
