@@ -11,12 +11,14 @@ from .gguf import GGUFFile, GGUFTensorInfo, StringArray
 from .hparams import HParams
 from .loader import ModelWeights, load_weights
 from .model import Model, load
-from .placement import DeviceUsage, Placement, TensorPlacement, parse_size, plan_placement
+from .placement import DeviceUsage, Placement, TensorPlacement, plan_placement
+from .placement_settings import PlacementSettings, parse_size
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, Vocab
 
 __all__ = [
     "Batch", "UBatch", "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray", "HParams",
     "ModelWeights", "load_weights", "Model", "load", "Sampler", "SamplingParams", "DeviceUsage",
-    "Placement", "TensorPlacement", "parse_size", "plan_placement", "Tokenizer", "Vocab",
+    "Placement", "PlacementSettings", "TensorPlacement", "parse_size", "plan_placement",
+    "Tokenizer", "Vocab",
 ]

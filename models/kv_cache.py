@@ -13,7 +13,7 @@ Types are llama.cpp's: F16 by default, Q8_0 or F32 on request (``type_k``/``type
 
 from __future__ import annotations
 
-from polydev import BufferUsage, Context, GGMLType, Tensor, alloc_ctx_tensors, ops
+from polydev import BufferUsage, Context, Tensor, alloc_ctx_tensors, ops
 from polydev.buffer import Buffer
 from polydev.errors import InvalidArgumentError
 from polydev.lifetime import Resource
@@ -22,23 +22,16 @@ from .hparams import HParams
 from .kv_cells import KVCells
 from .placement import KV_PAD, Placement, kv_size
 
-__all__ = ["KVCache", "KV_TYPES"]
-
-KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
+__all__ = ["KVCache"]
 
 
 class KVCache(Resource):
-    """K and V tensors for every layer, allocated on the devices ``placement.kv_devices`` names."""
+    """K and V tensors for every layer, allocated on the devices ``placement.kv_devices`` names,
+    of the size and types its settings say (``n_ctx``, ``type_k``, ``type_v``)."""
 
-    def __init__(self, hp: HParams, placement: Placement, n_ctx: int,
-                 type_k: GGMLType | str = "f16", type_v: GGMLType | str = "f16") -> None:
-        self.type_k, self.type_v = GGMLType.parse(type_k), GGMLType.parse(type_v)
-        for name, t in (("type_k", self.type_k), ("type_v", self.type_v)):
-            if t not in KV_TYPES:
-                raise InvalidArgumentError(f"{name} must be one of "
-                                           f"{', '.join(str(k) for k in KV_TYPES)}, got {t}")
-        if n_ctx <= 0:
-            raise InvalidArgumentError(f"n_ctx must be positive, got {n_ctx}")
+    def __init__(self, hp: HParams, placement: Placement) -> None:
+        settings = placement.settings
+        n_ctx, self.type_k, self.type_v = settings.n_ctx, settings.type_k, settings.type_v
         for name, t, head in (("type_k", self.type_k, hp.n_embd_head_k),
                               ("type_v", self.type_v, hp.n_embd_head_v)):
             if head % t.traits.block_size:

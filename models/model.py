@@ -27,6 +27,7 @@ from .kv_cache import KVCache
 from .kv_cells import MAX_SEQUENCES
 from .loader import ModelWeights, load_weights
 from .placement import Placement, plan_placement
+from .placement_settings import PlacementSettings, settings_from
 from .harmony import is_harmony
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -34,26 +35,20 @@ from .tokenizer import Tokenizer
 __all__ = ["Model", "load"]
 
 
-def load(path: str | os.PathLike | None = None, *, devices=None, n_gpu_layers: int = -1,
-         split_mode: str = "layer", tensor_split=None, main_gpu: int = 0,
-         override_tensor=(), cpu_moe: bool = False, no_kv_offload: bool = False,
-         device_map=None, max_memory=None, n_ctx: int = 4096, n_batch: int = 512,
-         type_k: str = "f16", type_v: str = "f16", progress: bool = True,
-         numerics: str = DEFAULT_NUMERICS) -> "Model":
+def load(path: str | os.PathLike | None = None, *, settings: PlacementSettings | None = None,
+         progress: bool = True, numerics: str = DEFAULT_NUMERICS, **knobs: Any) -> "Model":
     """Load a GGUF model (default: the embedded gemma-3-270m) with its layers placed as
-    llama.cpp's knobs (or accelerate's ``device_map``/``max_memory``) say. ``numerics``:
-    "fast" (the default), "int8" or "exact", how the CPU computes (see ``polydev.numerics``)."""
+    llama.cpp's knobs (or accelerate's ``device_map``/``max_memory``) say: a
+    ``PlacementSettings`` record, or its knobs as keywords (``n_gpu_layers=10, n_ctx=2048``;
+    with both, the keywords change the record's). ``numerics``: "fast" (the default), "int8"
+    or "exact", how the CPU computes (see ``polydev.numerics``)."""
+    settings = settings_from(settings, knobs)       # a mistaken knob fails before the file opens
     check_numerics(numerics)
     path = default_model_path() if path is None else path
     file = GGUFFile(path)
     try:
-        placement = plan_placement(
-            file, devices=devices, n_gpu_layers=n_gpu_layers, split_mode=split_mode,
-            tensor_split=tensor_split, main_gpu=main_gpu, override_tensor=override_tensor,
-            cpu_moe=cpu_moe, no_kv_offload=no_kv_offload, device_map=device_map,
-            max_memory=max_memory, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)
-        return Model(file, placement, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k,
-                     type_v=type_v, progress=progress, numerics=numerics)
+        placement = plan_placement(file, settings)
+        return Model(file, placement, progress=progress, numerics=numerics)
     except BaseException:
         file.close()
         raise
@@ -62,8 +57,7 @@ def load(path: str | os.PathLike | None = None, *, devices=None, n_gpu_layers: i
 class Model(Resource):
     """A loaded model; a context manager (``close()`` frees every buffer and the file)."""
 
-    def __init__(self, file: GGUFFile, placement: Placement, *, n_ctx: int, n_batch: int,
-                 type_k: str, type_v: str, progress: bool = True,
+    def __init__(self, file: GGUFFile, placement: Placement, *, progress: bool = True,
                  numerics: str = DEFAULT_NUMERICS) -> None:
         start = time.perf_counter()
         self.file, self.placement, self.hparams = file, placement, placement.hparams
@@ -73,8 +67,9 @@ class Model(Resource):
         try:
             self.tokenizer = Tokenizer.from_gguf(file)
             self.weights = load_weights(file, placement, progress=progress)
-            self.kv = KVCache(self.hparams, placement, n_ctx, type_k, type_v)
-            self.evaluator = Evaluator(self.weights, self.kv, n_batch, numerics)
+            self.kv = KVCache(self.hparams, placement)
+            self.evaluator = Evaluator(self.weights, self.kv, placement.settings.n_batch,
+                                       numerics)
         except BaseException:
             self._free()
             raise

@@ -1,35 +1,23 @@
-"""Which device and buffer type holds each weight: llama.cpp's knobs and accelerate's.
+"""Which device and buffer type holds each weight, and where each layer's KV cache goes:
+``plan_placement(file, settings)`` and its result, ``Placement``.
 
-llama.cpp's rules (``llama_model::load_tensors``), exactly:
+The knobs are one record, ``PlacementSettings`` (``placement_settings``). Which device each
+layer goes to is a policy's: llama.cpp's (``n_gpu_layers``, ``tensor_split``, ``split_mode``,
+``main_gpu``; ``placement_llama_cpp``) by default, accelerate's (``device_map``,
+``max_memory``; ``placement_accelerate``) when those are given. What every policy shares is
+here:
 
 - The offload devices are the given ones (default: every GPU, else every integrated GPU; the
   CPU backend is never one of them, it is the host that takes what is not offloaded).
-- ``n_gpu_layers`` offloads the last layers: layer ``il`` (``il == n_layer`` is the output
-  layer) is offloaded when ``il >= max(n_layer + 1 - ngl, 0)``; -1 offloads all.
-- Offloaded layers go to device ``upper_bound(splits, (il - first) / n_offloaded)``, where the
-  splits are the cumulative, normalised ``tensor_split`` (default: each device's free memory).
-- ``split_mode="none"`` uses ``main_gpu`` alone; ``"row"`` is not supported.
 - The token embedding (the input layer) stays on the CPU: it is read with GET_ROWS.
-- ``override_tensor`` rules (``regex=device``, first match wins, as ``-ot``) pick a tensor's
-  device; ``cpu_moe`` adds ``\\.ffn_(up|down|gate)_(ch|)exps=CPU`` after them.
-- A tensor gets the first buffer type of its layer's list (the device's own, then the CPU's)
-  whose device can run the op the tensor is used in (MUL_MAT, GET_ROWS, MUL_MAT_ID, ...: the
-  op its architecture's table names, ``polydev.models.arch``), as ``select_weight_buft``; so a
-  device that lacks an op never gets its weights. The file is checked against that table
-  first (``model_check``).
+- Override rules (``-ot``, ``cpu_moe``, a ``device_map``'s tensor-name keys) pick a tensor's
+  device, first match wins; any other weight goes where its layer went, on the first buffer
+  type whose device can run the op the weight is used in (``placement_buffers``). The file
+  is checked against its architecture's table first (``model_check``).
 - A model without ``output.weight`` uses the token embedding as its output matrix: it is
   placed again as the output layer's ``output.weight``.
-
-accelerate's, for users coming from Hugging Face:
-
-- ``device_map``: a dict from a layer (int), layers (``range``, ``"3"``, ``"0-11"``),
-  ``"input"``/``"output"`` or a tensor-name regex to a device (a name such as ``"CUDA0"``,
-  ``"cuda:0"``, ``"cpu"``, or an int: the index among the offload devices). Layers it does not
-  name stay on the CPU. ``device_map="auto"`` fits the model instead.
-- ``max_memory``: bytes per device (an int or ``"10GiB"``, ``"500MB"``); with it (or with
-  ``device_map="auto"``) layers fill the devices in priority order, each keeping room for its
-  layers' KV cache and an estimate of its compute buffers. Accelerators it does not name are
-  not used; the CPU, unless named, takes whatever is left.
+- Each layer's KV cache goes with the layer (``no_kv_offload``: to the CPU), sized for
+  ``n_ctx`` tokens padded to 256 cells.
 
 The result is a ``Placement``: per tensor its device, buffer type, bytes and the reason; per
 device its layers and totals of weights, KV cache and estimated compute memory.
@@ -37,32 +25,28 @@ device its layers and totals of weights, KV cache and estimated compute memory.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Mapping
 
 import polydev
-from polydev import Context, GGMLType, ops
+from polydev import GGMLType
 from polydev.buffer import BufferType
-from polydev.device import Device, DeviceType
-from polydev.errors import AllocationError, InvalidArgumentError, PolydevError, UnsupportedError
+from polydev.device import Device
 
 from .arch import ExpectedTensor
 from .gguf import GGUFFile, GGUFTensorInfo
 from .hparams import HParams
 from .model_check import check_tensors
+from .placement_accelerate import fits_memory, fitted_layers, mapped_layers
+from .placement_buffers import WeightBufferChooser
+from .placement_devices import map_target, offload_devices
+from .placement_llama_cpp import llama_cpp_layers, override_rules, split_mode_devices
+from .placement_settings import PlacementSettings, settings_from
 
-__all__ = ["Placement", "TensorPlacement", "DeviceUsage", "plan_placement", "parse_size",
-           "parse_overrides", "kv_size", "CPU_MOE_PATTERN", "KV_PAD"]
+__all__ = ["Placement", "TensorPlacement", "DeviceUsage", "plan_placement", "kv_size", "KV_PAD"]
 
-CPU_MOE_PATTERN = r"\.ffn_(up|down|gate)_(ch|)exps"
 KV_PAD = 256                      # llama.cpp pads the KV cache to 256 cells
-_PROBE_TOKENS = 512               # the batch size llama.cpp probes ops with
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 @dataclass(frozen=True)
@@ -109,7 +93,7 @@ class Placement:
     kv_cells: list[int]                  # per layer: cells of its KV cache
     tensors: dict[str, TensorPlacement]
     usage: dict[str, DeviceUsage]
-    settings: dict[str, Any]
+    settings: PlacementSettings          # the knobs it was planned with
 
     @property
     def output_device(self) -> Device:
@@ -119,10 +103,14 @@ class Placement:
         """The device of the weight named ``name``."""
         return self.tensors[name].device
 
+    def applied_settings(self) -> dict[str, Any]:
+        """The knobs as plain data, ``devices`` being the offload devices they came to."""
+        return {**self.settings.as_dict(), "devices": [d.name for d in self.offload_devices]}
+
     def as_dict(self) -> dict[str, Any]:
         """Plain data (what ``polydev info --json`` prints)."""
         return {
-            "settings": self.settings,
+            "settings": self.applied_settings(),
             "layers": [d.name for d in self.layer_devices[:-1]],
             "output": self.output_device.name,
             "kv_cache": [d.name for d in self.kv_devices],
@@ -136,284 +124,72 @@ class Placement:
         }
 
 
-# --- the knobs ----------------------------------------------------------------------------------
-
-def parse_size(value: int | float | str, what: str = "size") -> int:
-    """Bytes from an int or a string such as ``"10GiB"``, ``"500MB"``, ``"1.5 GB"``."""
-    if isinstance(value, bool):
-        raise InvalidArgumentError(f"{what}: {value!r} is not a size")
-    if isinstance(value, (int, float)):
-        if value < 0 or not math.isfinite(value):
-            raise InvalidArgumentError(f"{what}: {value!r} is not a size")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise InvalidArgumentError(f"{what}: {value!r} is not a size (e.g. 2048, '10GiB', "
-                                   "'500MB')")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-
-
-def parse_overrides(rules: Iterable[str | tuple[str, Any]]) -> list[tuple[re.Pattern, Any]]:
-    """``["regex=device", ...]`` or ``[(regex, device), ...]`` as compiled rules (``-ot``
-    also takes several comma-separated rules in one string)."""
-    out = []
-    for rule in rules:
-        pairs = ([tuple(r.rsplit("=", 1)) for r in rule.split(",") if r.strip()]
-                 if isinstance(rule, str) else [rule])
-        for pair in pairs:
-            if len(pair) != 2 or not str(pair[0]):
-                raise InvalidArgumentError(f"override {rule!r} is not 'regex=device'")
-            pattern, target = pair
-            try:
-                out.append((re.compile(pattern), target))
-            except re.error as e:
-                raise InvalidArgumentError(f"override {rule!r}: bad regex ({e})") from None
-    return out
-
-
 # --- planning -----------------------------------------------------------------------------------
 
-def plan_placement(
-    f: GGUFFile, *, devices: Sequence[str | Device] | None = None, n_gpu_layers: int = -1,
-    split_mode: str = "layer", tensor_split: Sequence[float] | None = None, main_gpu: int = 0,
-    override_tensor: Iterable[str | tuple[str, Any]] = (), cpu_moe: bool = False,
-    no_kv_offload: bool = False, device_map: Mapping | str | None = None,
-    max_memory: Mapping[Any, int | str] | None = None, n_ctx: int = 4096, n_batch: int = 512,
-    type_k: str | GGMLType = "f16", type_v: str | GGMLType = "f16",
-) -> Placement:
-    """Place every weight of ``f`` (see the module docstring for the rules)."""
+def plan_placement(f: GGUFFile, settings: PlacementSettings | None = None,
+                   **knobs: Any) -> Placement:
+    """Place every weight of ``f`` as ``settings`` say (see the module docstring for the
+    rules); keywords change single knobs of it: ``plan_placement(f, n_gpu_layers=10)``."""
+    settings = settings_from(settings, knobs)
     hp = HParams.from_gguf(f)
     cpu = polydev.registry().device("CPU")
-    offload = _offload_devices(devices, cpu)
-    offload = _apply_split_mode(offload, split_mode, main_gpu)
-    if n_ctx <= 0 or n_batch <= 0:
-        raise InvalidArgumentError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
-    type_k, type_v = GGMLType.parse(type_k), GGMLType.parse(type_v)
-    kv_cells = [kv_size(n_ctx)] * hp.n_layer
-    kv_bytes = [_kv_layer_bytes(hp, il, kv_cells[il], type_k, type_v) for il in range(hp.n_layer)]
+    offload = split_mode_devices(offload_devices(settings.devices, cpu), settings)
+    kv_cells = [kv_size(settings.n_ctx)] * hp.n_layer
+    kv_bytes = [_kv_layer_bytes(hp, il, kv_cells[il], settings.type_k, settings.type_v)
+                for il in range(hp.n_layer)]
     roles = _roles(check_tensors(f, hp), hp.n_layer)
     infos = _model_tensors(f)
-    rules = parse_overrides(override_tensor)
-    if cpu_moe:
-        rules.append((re.compile(CPU_MOE_PATTERN), "CPU"))
-    compute = _compute_estimate(hp, n_ctx, n_batch)
-
-    if device_map == "auto" or (max_memory is not None and device_map is None):
-        layer_devices = _fit(hp, infos, roles, offload, cpu, max_memory, kv_bytes, compute,
-                             no_kv_offload)
-    elif device_map is not None:
-        layer_devices, map_rules = _explicit_map(device_map, hp, offload, cpu)
-        rules += map_rules
-    else:
-        layer_devices = _llama_cpp_layers(hp.n_layer, n_gpu_layers, offload, cpu, tensor_split)
-
-    rules = [(pattern, _map_target(target, offload, cpu)) for pattern, target in rules]
-    chooser = _BufferChooser(hp, cpu)
-    tensors: dict[str, TensorPlacement] = {}
-    for name, info in infos.items():
-        layer, op = roles[name]
-        device = cpu if layer is None else layer_devices[layer]
-        tensors[name] = chooser.place(name, info, layer, op, device, rules)
-    kv_devices = [cpu if no_kv_offload else layer_devices[il] for il in range(hp.n_layer)]
+    compute = _compute_estimate(hp, settings.n_ctx, settings.n_batch)
+    layer_devices, map_rules = _layer_devices(settings, hp.n_layer, infos, roles, offload, cpu,
+                                              kv_bytes, compute)
+    rules = [(pattern, map_target(target, offload, cpu))
+             for pattern, target in override_rules(settings) + map_rules]
+    tensors = _place_tensors(hp, infos, roles, layer_devices, rules, cpu)
+    kv_devices = [cpu if settings.no_kv_offload else layer_devices[il]
+                  for il in range(hp.n_layer)]
     usage = _usage(cpu, offload, layer_devices, kv_devices, kv_bytes, tensors, compute)
-    settings = dict(devices=[d.name for d in offload], n_gpu_layers=n_gpu_layers,
-                    split_mode=split_mode, tensor_split=list(tensor_split or []),
-                    main_gpu=main_gpu, override_tensor=[f"{p.pattern}={_name(t)}"
-                                                        for p, t in rules],
-                    no_kv_offload=no_kv_offload, n_ctx=n_ctx, n_batch=n_batch,
-                    type_k=str(type_k), type_v=str(type_v),
-                    device_map=device_map if isinstance(device_map, str) else (
-                        None if device_map is None else {str(k): _name(v)
-                                                         for k, v in device_map.items()}),
-                    max_memory=None if max_memory is None else {
-                        str(k): parse_size(v, f"max_memory[{k!r}]")
-                        for k, v in max_memory.items()})
     return Placement(hp, cpu, offload, layer_devices, kv_devices, kv_cells, tensors, usage,
                      settings)
 
 
-def _name(target: Any) -> str:
-    return target.name if isinstance(target, Device) else str(target)
-
-
-def _offload_devices(devices: Sequence[str | Device] | None, cpu: Device) -> list[Device]:
-    if devices is None:
-        every = polydev.devices()
-        gpus = [d for d in every if d.type == DeviceType.GPU]
-        return gpus or [d for d in every if d.type == DeviceType.IGPU]
-    if isinstance(devices, (str, Device)):
-        devices = [devices]
-    out: list[Device] = []
-    for d in devices:
-        dev = polydev.device(d)
-        if dev is not cpu and dev not in out:
-            out.append(dev)
-    return out
-
-
-def _apply_split_mode(offload: list[Device], split_mode: str, main_gpu: int) -> list[Device]:
-    if split_mode == "layer":
-        return offload
-    if split_mode == "row":
-        raise UnsupportedError("split_mode 'row' (rows of each matrix over several devices) "
-                               "is not supported; use 'layer' or 'none'")
-    if split_mode != "none":
-        raise InvalidArgumentError(f"split_mode must be 'none', 'layer' or 'row', got "
-                                   f"{split_mode!r}")
-    if not offload:
-        return offload
-    if not 0 <= main_gpu < len(offload):
-        raise InvalidArgumentError(f"main_gpu {main_gpu} is out of range: there are "
-                                   f"{len(offload)} offload devices "
-                                   f"({', '.join(d.name for d in offload)})")
-    return [offload[main_gpu]]
-
-
-def _llama_cpp_layers(n_layer: int, n_gpu_layers: int, offload: list[Device], cpu: Device,
-                      tensor_split: Sequence[float] | None) -> list[Device]:
-    """llama.cpp's layer-to-device rule; entry ``n_layer`` is the output layer."""
-    if n_gpu_layers < -1:
-        raise InvalidArgumentError(f"n_gpu_layers must be -1 (all) or more, got {n_gpu_layers}")
-    ngl = n_layer + 1 if n_gpu_layers == -1 else n_gpu_layers
-    splits = _split_points(offload, tensor_split, cpu)
-    first = max(n_layer + 1 - ngl, 0)
-    n_offloaded = 0 if not offload else min(ngl, n_layer + 1)
-    out = []
-    for il in range(n_layer + 1):
-        if il < first or il - first >= n_offloaded:
-            out.append(cpu)
-            continue
-        # upper_bound over the split points, in float32 as llama.cpp computes it
-        x = np.float32(il - first) / np.float32(n_offloaded)
-        out.append(offload[min(int(np.searchsorted(splits, x, side="right")), len(offload) - 1)])
-    return out
-
-
-def _split_points(offload: list[Device], tensor_split: Sequence[float] | None,
-                  cpu: Device) -> np.ndarray:
-    """Cumulative, normalised split proportions (llama.cpp computes them in float32)."""
-    if not offload:
-        return []
-    if tensor_split is not None and len(tensor_split) > len(offload):
-        raise InvalidArgumentError(f"tensor_split has {len(tensor_split)} entries for "
-                                   f"{len(offload)} devices")
-    props = list(tensor_split or []) + [0.0] * (len(offload) - len(tensor_split or []))
-    if any(not math.isfinite(p) or p < 0 for p in props):
-        raise InvalidArgumentError(f"tensor_split entries must be finite and >= 0: {props}")
-    if not any(props):
-        props = [float(d.memory()[0] or cpu.memory()[0]) for d in offload]
-    cum = np.cumsum(np.asarray(props, dtype=np.float32), dtype=np.float32)
-    return cum / cum[-1]
-
-
-def _explicit_map(device_map: Mapping, hp: HParams, offload: list[Device],
-                  cpu: Device) -> tuple[list[Device], list[tuple[re.Pattern, Any]]]:
-    """accelerate-style dict: layers it names go to their device, the rest to the CPU;
-    string keys that are not layer ranges are tensor-name patterns (rules)."""
-    layers: list[Device] = [cpu] * (hp.n_layer + 1)
-    rules = []
-    for key, target in device_map.items():
-        device = _map_target(target, offload, cpu)
-        span = _layer_span(key, hp.n_layer)
-        if span is None:
-            rules += parse_overrides([(str(key), device)])
-            continue
-        for il in span:
-            layers[il] = device
-    return layers, rules
-
-
-def _map_target(target: Any, offload: list[Device], cpu: Device) -> Device:
-    """A device named in a knob: a Device, an index among the offload devices, or a name,
-    looked up among the devices in play before the registry ("GPU1", "cuda:0", "cpu")."""
-    if isinstance(target, Device):
-        return target
-    if isinstance(target, int) and not isinstance(target, bool):
-        if not 0 <= target < len(offload):
-            raise InvalidArgumentError(f"device index {target} is not an offload device "
-                                       f"(there are {len(offload)})")
-        return offload[target]
-    for device in (*offload, cpu):
-        if isinstance(target, str) and device.name.lower() == target.strip().lower():
-            return device
-    return polydev.device(target)
-
-
-def _layer_span(key: Any, n_layer: int) -> range | None:
-    """The layers a device_map key names (``n_layer`` = the output layer), or None for a
-    tensor-name pattern."""
-    if isinstance(key, bool):
-        raise InvalidArgumentError(f"device_map key {key!r} is not a layer or a pattern")
-    if isinstance(key, int):
-        span = range(key, key + 1)
-    elif isinstance(key, range):
-        span = key
-    elif key == "output":
-        return range(n_layer, n_layer + 1)
-    elif key == "input":
-        raise InvalidArgumentError("the input layer (token embedding) always stays on the CPU")
-    else:
-        m = re.fullmatch(r"(?:blk\.)?(\d+)(?:-(\d+))?", str(key))
-        if m is None:
-            return None
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        span = range(lo, hi + 1)
-    if not span or span.start < 0 or span.stop > n_layer + 1:
-        raise InvalidArgumentError(f"device_map key {key!r} names layers outside 0..{n_layer} "
-                                   f"(the model has {n_layer} layers; {n_layer} is the output)")
-    return span
-
-
-def _fit(hp: HParams, infos: Mapping[str, GGUFTensorInfo],
-         roles: Mapping[str, tuple[int | None, str]], offload: list[Device], cpu: Device,
-         max_memory: Mapping | None, kv_bytes: list[int], compute: int,
-         no_kv_offload: bool) -> list[Device]:
-    """accelerate's sequential fit: layers (then the output layer) fill the devices in
-    priority order, each device keeping room for its KV cache and compute buffers."""
-    budgets = _budgets(offload, cpu, max_memory)
-    layer_bytes = [0] * (hp.n_layer + 1)
-    input_bytes = 0
-    for name, info in infos.items():
-        layer, _ = roles[name]
-        if layer is None:
-            input_bytes += info.nbytes
-        else:
-            layer_bytes[layer] += info.nbytes
-    order = [d for d in offload if d.name in budgets] + [cpu]
-    left = {d.name: budgets[d.name] - compute for d in order}
-    left[cpu.name] -= input_bytes
-    out, k = [], 0
-    for il in range(hp.n_layer + 1):
-        kv = kv_bytes[il] if il < hp.n_layer else 0
-        while True:
-            device = order[k]
-            need = layer_bytes[il] + (0 if (no_kv_offload and device is not cpu) else kv)
-            if need <= left[device.name] or device is cpu and cpu.name not in (max_memory or {}):
-                left[device.name] -= need
-                out.append(device)
-                break
-            if device is cpu:
-                raise AllocationError(
-                    f"the model does not fit in max_memory: layer {il} needs {need:,} bytes "
-                    f"and the CPU has {max(left[cpu.name], 0):,} left")
-            k += 1
-    if no_kv_offload:
-        left[cpu.name] -= sum(kv_bytes)
-    return out
-
-
-def _budgets(offload: list[Device], cpu: Device, max_memory: Mapping | None) -> dict[str, int]:
-    if max_memory is None:
-        return {d.name: d.memory()[0] for d in [*offload, cpu]}
-    out: dict[str, int] = {}
-    for key, value in max_memory.items():
-        device = _map_target(key, offload, cpu)
-        out[device.name] = parse_size(value, f"max_memory[{key!r}]")
-    out.setdefault(cpu.name, cpu.memory()[0])
-    return out
+def _layer_devices(settings: PlacementSettings, n_layer: int,
+                   infos: Mapping[str, GGUFTensorInfo],
+                   roles: Mapping[str, tuple[int | None, str]], offload: list[Device],
+                   cpu: Device, kv_bytes: list[int],
+                   compute: int) -> tuple[list[Device], list[tuple[re.Pattern, Any]]]:
+    """Each layer's device (the output layer last) by the policy the knobs choose, and the
+    override rules that policy adds."""
+    if fits_memory(settings):
+        return fitted_layers(settings, n_layer, infos, roles, offload, cpu, kv_bytes,
+                             compute), []
+    if settings.device_map is not None:
+        return mapped_layers(settings, n_layer, offload, cpu)
+    return llama_cpp_layers(n_layer, settings, offload, cpu), []
 
 
 # --- per tensor ---------------------------------------------------------------------------------
+
+def _place_tensors(hp: HParams, infos: Mapping[str, GGUFTensorInfo],
+                   roles: Mapping[str, tuple[int | None, str]], layer_devices: list[Device],
+                   rules: list[tuple[re.Pattern, Device]],
+                   cpu: Device) -> dict[str, TensorPlacement]:
+    """Each weight where the first override rule matching its name says, or where its layer
+    went on a buffer type that can run its op (the input layer's on the CPU)."""
+    chooser = WeightBufferChooser(hp, cpu)
+    tensors: dict[str, TensorPlacement] = {}
+    for name, info in infos.items():
+        layer, op = roles[name]
+        rule = next(((p, device) for p, device in rules if p.search(name)), None)
+        if rule is not None:
+            pattern, device = rule
+            buft, cause = device.buffer_type, f"override {pattern.pattern}"
+        else:
+            device, buft, cause = chooser.choose(
+                name, info, layer, op, cpu if layer is None else layer_devices[layer])
+        tensors[name] = TensorPlacement(name, info.name, info.type, info.ne, info.nbytes, layer,
+                                        op, device, buft, cause)
+    return tensors
+
 
 def _model_tensors(f: GGUFFile) -> dict[str, GGUFTensorInfo]:
     """The GGUF tensors plus, for a tied model, the output matrix as the token embedding."""
@@ -430,86 +206,6 @@ def _roles(present: Mapping[str, ExpectedTensor],
     roles = {name: (t.layer, t.spec.op) for name, t in present.items()}
     roles.setdefault("output.weight", (n_layer, "MUL_MAT"))
     return roles
-
-
-class _BufferChooser:
-    """select_weight_buft: the first buffer type in the layer's list whose device runs the
-    tensor's op; answers are cached per (device, buffer type, op, type, ne)."""
-
-    def __init__(self, hp: HParams, cpu: Device) -> None:
-        self.hp = hp
-        self.cpu = cpu
-        self._answers: dict[tuple, bool] = {}
-
-    def place(self, name: str, info: GGUFTensorInfo, layer: int | None, op: str,
-              device: Device, rules: list[tuple[re.Pattern, Any]]) -> TensorPlacement:
-        def result(dev: Device, buft: BufferType, cause: str) -> TensorPlacement:
-            return TensorPlacement(name, info.name, info.type, info.ne, info.nbytes, layer, op,
-                                   dev, buft, cause)
-
-        for pattern, target in rules:
-            if pattern.search(name):
-                return result(target, target.buffer_type, f"override {pattern.pattern}")
-        where = "input layer" if layer is None else (
-            "output layer" if layer == self.hp.n_layer else f"layer {layer}")
-        candidates = [device] if device is self.cpu else [device, self.cpu]
-        for dev in candidates:
-            buft = dev.buffer_type
-            if self.supported(dev, buft, info, op):
-                cause = where if dev is device else (
-                    f"{where}: {device.name} cannot run {op} on {info.type}")
-                return result(dev, buft, cause)
-        raise UnsupportedError(f"no device can hold {name} ({info.type}, used in {op}): "
-                               f"{', '.join(d.name for d in candidates)} cannot run it")
-
-    def supported(self, dev: Device, buft: BufferType, info: GGUFTensorInfo, op: str) -> bool:
-        key = (id(dev), id(buft), op, info.type, info.ne)
-        if key not in self._answers:
-            self._answers[key] = dev.supports_buft(buft) and self._runs(dev, buft, info, op)
-        return self._answers[key]
-
-    def _runs(self, dev: Device, buft: BufferType, info: GGUFTensorInfo, op: str) -> bool:
-        ctx = Context("probe")
-        w = ctx.new_tensor(info.type, info.ne or (1,), name=info.name)
-        dummy = buft.alloc_buffer(0)        # lets supports_op see where the weight lives
-        w.buffer = dummy
-        try:
-            node = _probe_op(ctx, w, op, self.hp)
-        except PolydevError:
-            return dev is self.cpu           # an op the weight cannot feed: CPU holds it
-        try:
-            return dev.supports_op(node)
-        finally:
-            dummy.close()
-
-
-def _probe_op(ctx: Context, w, op: str, hp: HParams):
-    """The op llama.cpp builds to ask a device about a weight (weight_buft_supported)."""
-    n = _PROBE_TOKENS
-    f32, i32 = GGMLType.F32, GGMLType.I32
-    if op == "GET_ROWS":
-        return ops.get_rows(ctx, w, ctx.new_tensor(i32, [n]))
-    if op == "MUL_MAT":
-        return ops.mul_mat(ctx, w, ctx.new_tensor(f32, [w.ne[0], n, w.ne[2], w.ne[3]]))
-    if op == "MUL_MAT_ID":
-        used = max(hp.n_expert_used, 1)
-        return ops.mul_mat_id(ctx, w, ctx.new_tensor(f32, [w.ne[0], used, n]),
-                              ctx.new_tensor(i32, [used, n]))
-    if op in ("ADD", "MUL"):
-        a = ctx.new_tensor(f32, list(w.ne))
-        return ops.add(ctx, a, w) if op == "ADD" else ops.mul(ctx, a, w)
-    if op == "FLASH_ATTN_EXT":                       # attention sinks, one per head
-        head, f16 = hp.n_embd_head_k, GGMLType.F16
-        out = ops.flash_attn_ext(ctx, ctx.new_tensor(f32, [head, n, hp.n_head]),
-                                 ctx.new_tensor(f16, [head, 256, hp.n_head_kv[0]]),
-                                 ctx.new_tensor(f16, [hp.n_embd_head_v, 256, hp.n_head_kv[0]]),
-                                 None, 1.0)
-        ops.flash_attn_ext_add_sinks(out, w)
-        return out
-    if op == "ROPE":
-        a = ctx.new_tensor(f32, [hp.n_embd_head_v, hp.n_head, n])
-        return ops.rope_ext(ctx, a, ctx.new_tensor(i32, [n]), w, hp.n_embd_head_v)
-    raise AssertionError(op)
 
 
 # --- memory -------------------------------------------------------------------------------------

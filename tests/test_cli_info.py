@@ -3,13 +3,16 @@ knobs ask for, and a user's mistakes as one line."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 pytest.importorskip("gguf")
 
-from polydev.tools.cli import main  # noqa: E402
+from polydev.models.placement_settings import PLACEMENT_KNOBS, PlacementSettings  # noqa: E402
+from polydev.tools.cli import build_parser, main  # noqa: E402
+from polydev.tools.placement_options import add_placement_options, placement_settings  # noqa: E402
 
 from model_files import GEMMA3, SMOLLM2, gguf_reader, model_path, write_test_model  # noqa: E402
 
@@ -63,6 +66,7 @@ def test_text_report_and_knobs(capsys, tmp_path):
     (["-ts", "3,x"], "expected numbers"),
     (["--device", "CUDA9"], "unknown device"),
     (["-ngl", "-5"], "n_gpu_layers"),
+    (["-c", "0"], "n_ctx must be positive"),
 ])
 def test_mistakes_are_one_line(capsys, tmp_path, argv, message):
     path = write_test_model(tmp_path / "m.gguf")
@@ -71,6 +75,27 @@ def test_mistakes_are_one_line(capsys, tmp_path, argv, message):
     assert main(["info", *argv]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and err.startswith("polydev: error:")
+
+
+def test_the_command_line_makes_one_record():
+    parse = build_parser().parse_args
+    assert placement_settings(parse(["info"])) == PlacementSettings()     # the same defaults
+    args = parse(["run", "-ngl", "5", "-ts", "3/1", "--device", "none", "-c", "512", "-b", "64",
+                  "-ot", "attn_q=CPU", "-ot", "ffn=GPU0", "-nkvo", "--cpu-moe", "-sm", "none"])
+    assert placement_settings(args) == PlacementSettings(
+        devices=[], n_gpu_layers=5, tensor_split=[3, 1], n_ctx=512, n_batch=64,
+        override_tensor=["attn_q=CPU", "ffn=GPU0"], no_kv_offload=True, cpu_moe=True,
+        split_mode="none")
+    bench = parse(["bench", "-ngl", "2", "-b", "64", "--device", "CPU,OpenCL0"])
+    assert placement_settings(bench, n_ctx=100) == PlacementSettings(
+        devices=["CPU", "OpenCL0"], n_gpu_layers=2, n_batch=64, n_ctx=100)
+
+
+def test_every_placement_option_is_a_knob():
+    """An option's dest is its knob's name: that is how the record gets it."""
+    parser = argparse.ArgumentParser()
+    add_placement_options(parser)
+    assert set(vars(parser.parse_args([]))) <= set(PLACEMENT_KNOBS)
 
 
 def test_a_corrupt_file_is_one_line(capsys, tmp_path):

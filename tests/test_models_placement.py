@@ -1,5 +1,6 @@
-"""polydev.models.placement: llama.cpp's layer rule at its edges, tensor split proportions,
-overrides, a device that lacks an op, accelerate's device_map and max_memory fit.
+"""polydev.models.placement: the knobs' record (checked and normalised once), llama.cpp's layer
+rule at its edges, tensor split proportions, overrides, a device that lacks an op,
+accelerate's device_map and max_memory fit.
 
 The accelerators are stand-ins (type GPU, their own non-host memory, the CPU's kernel table);
 placement only asks a device its type, memory, buffer type and supports_op."""
@@ -7,6 +8,8 @@ placement only asks a device its type, memory, buffer type and supports_op."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -18,7 +21,8 @@ from polydev import BufferType, Device, DeviceType, GGMLType, HostArrayBuffer, O
 from polydev.errors import (AllocationError, DeviceNotFoundError, InvalidArgumentError,  # noqa: E402
                             UnsupportedError)
 from polydev.models.gguf import GGUFFile  # noqa: E402
-from polydev.models.placement import parse_size, plan_placement  # noqa: E402
+from polydev.models.placement import plan_placement  # noqa: E402
+from polydev.models.placement_settings import PlacementSettings, parse_size  # noqa: E402
 
 from model_files import write_test_model  # noqa: E402
 
@@ -103,6 +107,69 @@ def llama_cpp_layers(n_layer: int, ngl: int, devices: list[str], split: list[flo
             x = np.float32(il - first) / np.float32(act)
             out.append(devices[bisect.bisect_right(points, x)])
     return out
+
+
+# --- the record ---------------------------------------------------------------------------------
+
+def test_the_record_normalises_once():
+    gpu = FakeGPU("GPU0")
+    settings = PlacementSettings(devices=gpu, tensor_split=[3, 1], override_tensor="a=CPU,b=1",
+                                 device_map={"0-1": gpu, "output": 0},
+                                 max_memory={"GPU0": "1GiB", 1: 2048}, type_k="q8_0")
+    assert settings.devices == (gpu,) and settings.tensor_split == (3.0, 1.0)
+    assert settings.override_tensor == ((re.compile("a"), "CPU"), (re.compile("b"), "1"))
+    assert settings.device_map == (("0-1", gpu), ("output", 0))
+    assert settings.max_memory == (("GPU0", GIB), (1, 2048))
+    assert (settings.type_k, settings.type_v) == (GGMLType.Q8_0, GGMLType.F16)
+    assert dataclasses.replace(settings) == settings           # normalising again changes nothing
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.n_ctx = 1
+    assert settings.as_dict()["device_map"] == {"0-1": "GPU0", "output": "0"}
+
+
+@pytest.mark.parametrize("knobs, error, message", [
+    (dict(n_gpu_layers=-2), InvalidArgumentError, "n_gpu_layers must be -1"),
+    (dict(n_gpu_layers="3"), InvalidArgumentError, "n_gpu_layers must be a whole number"),
+    (dict(split_mode="rows"), InvalidArgumentError, "split_mode must be"),
+    (dict(split_mode="row"), UnsupportedError, "split_mode 'row'"),
+    (dict(tensor_split=[1, -1]), InvalidArgumentError, "tensor_split entries"),
+    (dict(tensor_split="3,1"), InvalidArgumentError, "tensor_split must be a list"),
+    (dict(main_gpu=-1), InvalidArgumentError, "main_gpu must be 0 or more"),
+    (dict(override_tensor=[("attn", 1.5)]), InvalidArgumentError, "not a device"),
+    (dict(cpu_moe="yes"), InvalidArgumentError, "cpu_moe must be True or False"),
+    (dict(devices=[3]), InvalidArgumentError, "devices: 3"),
+    (dict(device_map="balanced"), InvalidArgumentError, "device_map must be 'auto'"),
+    (dict(device_map={"(": "CPU"}), InvalidArgumentError, r"device_map key '\(': bad regex"),
+    (dict(device_map={True: "CPU"}), InvalidArgumentError, "device_map key True"),
+    (dict(max_memory={"GPU0": "lots"}), InvalidArgumentError, r"max_memory\['GPU0'\]"),
+    (dict(max_memory="10GiB"), InvalidArgumentError, "max_memory must be a dict"),
+    (dict(n_batch=0), InvalidArgumentError, "n_batch must be positive"),
+    (dict(type_k="q4_0"), InvalidArgumentError, "type_k must be one of f16, f32, q8_0"),
+    (dict(type_v="nonsense"), InvalidArgumentError, "type_v must be one of"),
+])
+def test_the_record_checks_each_knob_and_names_it(knobs, error, message):
+    with pytest.raises(error, match=message):
+        PlacementSettings(**knobs)
+
+
+def test_an_unknown_knob_is_named_with_the_knobs_there_are():
+    with pytest.raises(InvalidArgumentError, match="did you mean n_gpu_layers.*the knobs are "
+                                                   "devices, n_gpu_layers, split_mode"):
+        PlacementSettings().with_knobs(n_gpu_layer=3)
+    with pytest.raises(InvalidArgumentError, match="unknown placement knob n_gpu_layer"):
+        polydev.models.load("/no/such/model.gguf", n_gpu_layer=3)     # before the file opens
+
+
+def test_plan_takes_the_record_or_keywords(model):
+    gpu = FakeGPU("GPU0")
+    settings = PlacementSettings(devices=[gpu], n_gpu_layers=2)
+    plan = plan_placement(model, settings)
+    assert plan.settings is settings
+    assert names(plan) == names(plan_placement(model, devices=[gpu], n_gpu_layers=2))
+    changed = plan_placement(model, settings, n_gpu_layers=1)
+    assert changed.settings.n_gpu_layers == 1 and names(changed)[-2:] == ["CPU", "GPU0"]
+    with pytest.raises(InvalidArgumentError, match="PlacementSettings"):
+        plan_placement(model, {"n_gpu_layers": 2})
 
 
 # --- llama.cpp's rule ---------------------------------------------------------------------------

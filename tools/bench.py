@@ -21,7 +21,8 @@ import numpy as np
 
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
-from .info import add_numerics_option, placement_knobs
+from .info import add_numerics_option
+from .placement_options import placement_settings
 
 FORMATS = ("md", "csv", "json", "jsonl")
 
@@ -76,8 +77,9 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, metavar="N",
                    help="layers to offload (default -1 = all)")
     p.add_argument("-ts", "--tensor-split", metavar="A,B", help="share of layers per device")
-    p.add_argument("--device", metavar="D1,D2", help="devices to offload to, or 'none'")
-    p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
+    p.add_argument("--device", dest="devices", metavar="D1,D2",
+                   help="devices to offload to, or 'none'")
+    p.add_argument("-b", "--batch-size", dest="n_batch", type=int, default=512, metavar="N",
                    help="ubatch size for prompts (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens")
     add_numerics_option(p)
@@ -123,21 +125,19 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"-r must be 1 or more, got {args.repetitions}")
     tests = _tests(args)
     paths = args.model or [str(default_model_path())]
-    knobs = placement_knobs(_with_defaults(args))
-    n_ctx = max(p + n for _, p, n in tests) + 1
+    settings = placement_settings(args, n_ctx=max(p + n for _, p, n in tests) + 1)
     rows: list[Row] = []
     rng = np.random.default_rng(args.seed)
     for path in paths:
         with GGUFFile(path) as f:
             size = sum(t.nbytes for t in f.tensors.values()) / 2**20
             params = sum(t.n_elements for t in f.tensors.values()) / 1e6
-        knobs.update(n_ctx=n_ctx, n_batch=args.batch_size)
-        with load(path, progress=False, numerics=args.numerics, **knobs) as model:
+        with load(path, settings=settings, progress=False, numerics=args.numerics) as model:
             devices = "+".join(dict.fromkeys(d.name for d in model.placement.layer_devices))
             for name, n_prompt, n_gen in tests:
                 print(f"polydev bench: {os.path.basename(path)} {name} ...", end="\r",
                       file=sys.stderr, flush=True)
-                measure(model, min(n_prompt, args.batch_size) or 0, min(n_gen, 1), rng)
+                measure(model, min(n_prompt, settings.n_batch) or 0, min(n_gen, 1), rng)
                 speeds = [(n_prompt + n_gen) / measure(model, n_prompt, n_gen, rng)
                           for _ in range(args.repetitions)]
                 row = Row(os.path.basename(path), round(size, 2), round(params, 2), devices,
@@ -150,15 +150,6 @@ def run(args: argparse.Namespace) -> int:
     print(" " * 60, end="\r", file=sys.stderr)
     _print(rows, args.output)
     return 0
-
-
-def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """The placement options ``placement_knobs`` reads that bench does not offer."""
-    full = argparse.Namespace(**vars(args))
-    for name, value in (("split_mode", "layer"), ("main_gpu", 0), ("override_tensor", []),
-                        ("cpu_moe", False), ("no_kv_offload", False), ("ctx_size", 4096)):
-        setattr(full, name, getattr(args, name, value))
-    return full
 
 
 def _print(rows: list[Row], fmt: str) -> None:

@@ -1,6 +1,7 @@
 """``polydev info``: what a user checks before running a model: its architecture and
 hyperparameters, tokenizer, tensors by type, and where each layer would go for the placement
-knobs given (llama.cpp's spelling: -ngl, -ts, -mg, -sm, -ot, --device)."""
+knobs given (llama.cpp's spelling, ``placement_options``: -ngl, -ts, -mg, -sm, -ot, --device).
+"""
 
 from __future__ import annotations
 
@@ -10,39 +11,11 @@ import os
 from collections import Counter
 from typing import Any
 
-from polydev.errors import InvalidArgumentError, MissingDependencyError
+from polydev.errors import MissingDependencyError
 from polydev.numerics import DEFAULT_NUMERICS, NUMERICS
 
+from .placement_options import add_placement_options, placement_settings
 from .table import format_table
-
-
-def add_placement_options(p: argparse.ArgumentParser) -> None:
-    """The placement knobs, as llama.cpp spells them (``polydev run`` takes them too)."""
-    g = p.add_argument_group("placement (as llama.cpp)")
-    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, metavar="N",
-                   help="layers to offload, counting the output layer; -1 (default) = all")
-    g.add_argument("-ts", "--tensor-split", metavar="A,B,...",
-                   help="share of the offloaded layers per device, e.g. 3,1 (default: by free "
-                        "memory)")
-    g.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="I",
-                   help="the device used with --split-mode none (default 0)")
-    g.add_argument("-sm", "--split-mode", choices=("none", "layer", "row"), default="layer",
-                   help="none: one device; layer (default): layers over the devices")
-    g.add_argument("-ot", "--override-tensor", action="append", default=[],
-                   metavar="REGEX=DEVICE",
-                   help="put tensors whose name matches REGEX on DEVICE (first match wins; "
-                        "may repeat)")
-    g.add_argument("--cpu-moe", action="store_true",
-                   help="keep the mixture-of-experts weights on the CPU")
-    g.add_argument("--device", metavar="D1,D2",
-                   help="the devices to offload to, comma-separated, or 'none' (default: every "
-                        "GPU)")
-    g.add_argument("-nkvo", "--no-kv-offload", action="store_true",
-                   help="keep the KV cache on the CPU")
-    g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
-                   help="context size the KV cache is sized for (default 4096)")
-    g.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
-                   help="tokens per batch, for the compute estimate (default 512)")
 
 
 def add_numerics_option(p: argparse.ArgumentParser) -> None:
@@ -53,26 +26,6 @@ def add_numerics_option(p: argparse.ArgumentParser) -> None:
                         "(up to 1.6x the speed of prompts and batches with AVX-512 VNNI, "
                         "logits further from float64); exact: in float32, as a float64 "
                         "evaluation gives")
-
-
-def placement_knobs(args: argparse.Namespace) -> dict[str, Any]:
-    """plan_placement's keyword arguments from the command line."""
-    devices = None
-    if args.device is not None:
-        devices = [] if args.device.strip().lower() == "none" else [
-            d.strip() for d in args.device.split(",") if d.strip()]
-    split = None
-    if args.tensor_split:
-        try:
-            split = [float(x) for x in args.tensor_split.replace("/", ",").split(",")]
-        except ValueError:
-            raise InvalidArgumentError(f"-ts {args.tensor_split!r}: expected numbers such as "
-                                       "3,1") from None
-    return dict(devices=devices, n_gpu_layers=args.n_gpu_layers, split_mode=args.split_mode,
-                tensor_split=split, main_gpu=args.main_gpu,
-                override_tensor=args.override_tensor, cpu_moe=args.cpu_moe,
-                no_kv_offload=args.no_kv_offload, n_ctx=args.ctx_size,
-                n_batch=args.batch_size)
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -118,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
                                      f"'polydev[models]' ({e})") from None
     if args.architectures:
         return _print_architectures(args.json)
+    settings = placement_settings(args)
     with GGUFFile(model_path(args)) as f:
         hp = HParams.from_gguf(f)
         vocab = Vocab.from_gguf(f) if "tokenizer.ggml.model" in f.metadata else None
-        plan = plan_placement(f, **placement_knobs(args))
+        plan = plan_placement(f, settings)
         report = _report(f, hp, vocab, plan)
     if args.json:
         report["placement"] = plan.as_dict()
@@ -229,7 +183,7 @@ def _text(report: dict[str, Any], plan, with_tensors: bool) -> str:
     lines += ["", f"tensors: {t['count']}, {mib(t['bytes'])}",
               format_table(["type", "count", "bytes"],
                            [(k, v["count"], mib(v["bytes"])) for k, v in t["by_type"].items()]),
-              "", "placement: " + _knob_summary(plan.settings),
+              "", "placement: " + _knob_summary(plan.applied_settings()),
               format_table(["device", "layers", "weights", "KV cache", "compute (est.)",
                             "total"],
                            [(u.device.name, layer_ranges(u.layers, plan.hparams.n_layer),

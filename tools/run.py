@@ -11,8 +11,8 @@ import sys
 
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
-from .info import (add_model_option, add_numerics_option, add_placement_options, layer_ranges,
-                   mib, model_path, placement_knobs)
+from .info import add_model_option, add_numerics_option, layer_ranges, mib, model_path
+from .placement_options import add_placement_options, placement_settings
 from .table import format_table
 
 
@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
     prompt = _prompt(args)
     if args.n_predict < 0:
         raise InvalidArgumentError(f"-n must be 0 or more, got {args.n_predict}")
-    knobs = placement_knobs(args)
-    with load(model_path(args), progress=not args.no_progress, numerics=args.numerics,
-              **knobs) as model:
+    settings = placement_settings(args)
+    with load(model_path(args), settings=settings, progress=not args.no_progress,
+              numerics=args.numerics) as model:
         if args.show_placement:
             _print_placement(model)
         try:

@@ -14,8 +14,8 @@ import sys
 from polydev.env import env_text
 from polydev.errors import InvalidArgumentError, MissingDependencyError
 
-from .info import (add_model_option, add_numerics_option, add_placement_options, model_path,
-                   placement_knobs)
+from .info import add_model_option, add_numerics_option, model_path
+from .placement_options import add_placement_options, placement_settings
 
 _DRAIN_SECONDS = 30             # how long Ctrl-C waits for running requests
 
@@ -62,19 +62,20 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_queue < 0:
         raise InvalidArgumentError(f"--max-queue must be 0 or more, got {args.max_queue}")
-    path, knobs = model_path(args), placement_knobs(args)
+    path, settings = model_path(args), placement_settings(args)
     if not os.path.isfile(path):
         raise InvalidArgumentError(f"the model file {path} does not exist")
     name = args.alias or os.path.basename(path)
 
     def load_model():
-        return load(path, progress=not args.no_progress, numerics=args.numerics, **knobs)
+        return load(path, settings=settings, progress=not args.no_progress,
+                    numerics=args.numerics)
 
     worker = ModelWorker(load_model, args.parallel, args.max_queue)
     app = create_app(worker, model_name=name, api_key=args.api_key,
                      drain_seconds=_DRAIN_SECONDS)
     print(f"polydev: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
-          f"context {args.ctx_size}); Ctrl-C stops", file=sys.stderr)
+          f"context {settings.n_ctx}); Ctrl-C stops", file=sys.stderr)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=_DRAIN_SECONDS)
     server = uvicorn.Server(config)
