@@ -22,8 +22,9 @@ from polydev.errors import ContextFullError, InvalidArgumentError
 from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
-from .arch import architecture, builder
+from .arch import architecture
 from .batch import Batch, UBatch
+from .graphs import builder
 from .kv_cache import KVCache
 from .kv_cells import MAX_SEQUENCES
 from .kv_shift import KeyRope, KeyShiftGraph
@@ -214,6 +215,9 @@ class Evaluator(Resource):
             return
         if self._key_rope is None:
             self.graph(1)
+        if not self._key_rope:          # no layer ropes its keys (granite without RoPE)
+            cells.take_shift()
+            return
         g = KeyShiftGraph(self.kv, self._key_rope, cells.end)
         self.sched.alloc_graph(g.graph)
         tensor_set(g.shift, cells.shift[:cells.end])

@@ -18,7 +18,7 @@ import numpy as np
 from polydev.errors import GGUFError, ModelFileError, UnsupportedError
 
 from .arch import REQUIRED, Architecture, architecture
-from .arch.schema import evaluate
+from .arch.expressions import evaluate
 from .gguf import GGUFFile
 
 __all__ = ["HParams", "MAX_LAYERS", "MAX_EXPERTS"]
@@ -121,7 +121,8 @@ class HParams:
         return il < len(self.swa_layers) and self.swa_layers[il]
 
     def symbols(self, il: int) -> dict[str, Any]:
-        """The names the architecture tables' shapes and conditions use, for layer ``il``."""
+        """The values of the names the architecture tables' shapes and conditions use
+        (``arch.expressions.SYMBOLS``: every field, and layer ``il``'s own values)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(n_head_kv=self.n_head_kv[il], n_embd_k_gqa=self.n_embd_k_gqa(il),
                    n_embd_v_gqa=self.n_embd_v_gqa(il), n_rot=self.head_dim_rot, il=il)

@@ -39,8 +39,7 @@ class KVCache(Resource):
                                            f"{t.traits.block_size} values; this model's are "
                                            f"{head}")
         self.hp = hp
-        self.n_ctx = n_ctx           # what llama.cpp's n_ctx_seq is (phi3 picks RoPE factors by it)
-        self.size = kv_size(n_ctx)
+        self.size = kv_size(n_ctx)   # padded to 256 cells: llama.cpp's n_ctx (and n_ctx_seq)
         self.cells = KVCells(self.size)
         self.edits = 0          # seq_* calls so far: a user's edit tells Model its tokens moved
         self.k: list[Tensor] = []

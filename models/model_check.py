@@ -11,6 +11,7 @@ import re
 from polydev.errors import ModelFileError
 
 from .arch import Architecture, ExpectedTensor, architecture
+from .arch.expressions import names
 from .gguf import GGUFFile
 from .hparams import HParams
 
@@ -68,5 +69,4 @@ def _shape(ne: tuple[int, ...]) -> str:
 def _symbols(want: ExpectedTensor, hp: HParams) -> str:
     """The values of the names in the expected shape, for the message."""
     symbols = hp.symbols(0 if want.layer is None or want.layer >= hp.n_layer else want.layer)
-    names = sorted(set(re.findall(r"[a-z_]+", want.spec.shape)), key=want.spec.shape.index)
-    return ", ".join(f"{n} {symbols[n]}" for n in names if n in symbols)
+    return ", ".join(f"{name} {symbols[name]}" for name in names(want.spec.shape))

@@ -46,7 +46,6 @@ class StepGraph:
         n, n_kv = shape.n_tokens, shape.n_kv
         ctx = self.ctx = Context(f"step {n}x{n_kv}")
         self.tokens = ctx.new_tensor(GGMLType.I32, [n], name="inp_tokens").set_input()
-        self.positions = ctx.new_tensor(GGMLType.I32, [n], name="inp_pos").set_input()
         # the cache cells the tokens are written to (SET_ROWS takes i32 indices)
         self.cells = ctx.new_tensor(GGMLType.I32, [n], name="inp_cells").set_input()
         self.mask: Tensor | None = ctx.new_tensor(GGMLType.F16, [n_kv, n],
@@ -57,7 +56,10 @@ class StepGraph:
         self.out_ids = (ctx.new_tensor(GGMLType.I32, [shape.n_outputs], name="inp_out_ids")
                         .set_input() if shape.n_outputs < n else None)
         self.key_rope: dict[int, KeyRope] = {}      # filled by layers.attention
-        self.attn_scale: Tensor | None = None       # made by attn_temperature() on demand
+        # inputs some models never read, made when the builder first asks for them (a
+        # granite without RoPE reads no positions, only mistral3 a temperature)
+        self._positions: Tensor | None = None       # made by positions()
+        self.attn_scale: Tensor | None = None       # made by attn_temperature()
         self.logits: Tensor = build(self).set_output()
         self.graph: Graph = build_graph(self.logits)
         # An input no node reads gets no memory, so it is never written: a gemma3 whose
@@ -74,7 +76,8 @@ class StepGraph:
         Each input is written as raw bytes of its exact type and size (``tensor_set``): at
         decode, Tensor.set_data's conversions and checks were most of this step's time."""
         tensor_set(self.tokens, ub.tokens)
-        tensor_set(self.positions, ub.positions)
+        if self._positions is not None:
+            tensor_set(self._positions, ub.positions)
         tensor_set(self.cells, cells)
         kv_cells, n_kv = self.kv.cells, self.shape.n_kv
         if self.mask is not None:
@@ -87,6 +90,14 @@ class StepGraph:
             tensor_set(self.out_ids, ub.outputs)
         if self.attn_scale is not None:
             tensor_set(self.attn_scale, attn_temperature_scale(ub.positions, self.hp))
+
+    def positions(self) -> Tensor:
+        """The tokens' positions, I32 [n_tokens], what RoPE turns q and k by (an input of
+        this step, made on the first call)."""
+        if self._positions is None:
+            self._positions = self.ctx.new_tensor(GGMLType.I32, [self.shape.n_tokens],
+                                                  name="inp_pos").set_input()
+        return self._positions
 
     def attn_temperature(self) -> Tensor:
         """Llama 4's attention temperature tuning, one F32 factor per token for its q,

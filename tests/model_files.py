@@ -7,6 +7,7 @@ set (CI sets it) a missing one fails instead, so CI can never pass by skipping t
 from __future__ import annotations
 
 import importlib.util
+import zlib
 from pathlib import Path
 
 from needs import missing
@@ -312,3 +313,58 @@ def rewrite(src: Path, dst: Path, *, keys: dict | None = None, drop_keys=(), dro
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+ARCH_CASES = {
+    "llama": dict(n_head_kv=1),
+    "llama-moe": dict(arch="llama", n_expert=4),
+    "qwen2": dict(),
+    "qwen3": dict(head_dim=32),
+    "qwen3moe": dict(n_expert=4, head_dim=32),
+    "gemma3": dict(head_dim=32, sliding_window=4, n_layer=6),
+    "gemma2": dict(head_dim=24, sliding_window=5, keys={"attn_logit_softcapping": 3.0,
+                                                        "final_logit_softcapping": 4.0}),
+    "smollm3": dict(n_layer=5),
+    "granite": dict(keys={"logit_scale": 1.5, "residual_scale": 0.5, "embedding_scale": 3.0,
+                          "attention.scale": 0.3}),
+    # rope.scaling.finetuned false: no RoPE in any layer, so the step reads no positions
+    "granite-nope": dict(arch="granite", keys={"logit_scale": 1.5, "residual_scale": 0.5,
+                                               "rope.scaling.finetuned": False}),
+    "olmo2": dict(),
+    "qwen2moe": dict(n_expert=4),
+    "mistral3": dict(n_head_kv=4),
+    "mistral3-yarn": dict(arch="mistral3", keys={
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 6, "rope.scaling.yarn_log_multiplier": 1.0,
+        "rope.scaling.yarn_beta_fast": 16.0, "attention.temperature_scale": 0.5}),
+    "deepseek2": dict(n_expert=4, keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                        "rope.scaling.original_context_length": 32,
+                                        "rope.scaling.yarn_log_multiplier": 0.0707,
+                                        "expert_weights_norm": True,
+                                        "expert_weights_scale": 2.5}),
+    "deepseek2-lite": dict(arch="deepseek2", n_expert=4, mla=dict(q_lora_rank=0, dense=0)),
+    "deepseek2-groups": dict(arch="deepseek2", n_expert=8,
+                             mla=dict(probs_bias=True),
+                             keys={"expert_gating_func": 2, "expert_group_count": 4,
+                                   "expert_group_used_count": 2,
+                                   "expert_weights_norm": True}),
+    "phi3": dict(keys={"rope.scaling.attn_factor": 1.2}),
+    "gpt-oss": dict(n_expert=4, head_dim=32, sliding_window=5,
+                    keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                          "rope.scaling.original_context_length": 32,
+                          "rope.freq_base_swa": 500.0}),
+    "phi3-long": dict(arch="phi3", keys={"rope.scaling.attn_factor": 0.9,
+                                          "rope.scaling.original_context_length": 32}),
+}
+"""The test models of every architecture, by case (an architecture, or a variant of one
+named ``<arch>-<variant>``): ``write_test_model``'s arguments beyond ``arch_case_kwargs``'
+defaults, with hyperparameters unlike the real ones (grouped-query attention, head sizes
+unlike n_embd / n_head, biases, experts, sliding windows, soft-caps, granite's multipliers,
+YaRN, LongRoPE, grouped routing)."""
+
+
+def arch_case_kwargs(case: str, weight_type: str) -> dict:
+    """``write_test_model``'s arguments for ``ARCH_CASES[case]``: three layers and a seed of
+    the case's own unless it says otherwise."""
+    return dict(arch=case, n_layer=3, weight_type=weight_type,
+                seed=zlib.crc32(case.encode()) % 1000) | ARCH_CASES[case]

@@ -14,7 +14,6 @@ llama.cpp's rounding put between its two runs."""
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,67 +26,21 @@ import polydev  # noqa: E402
 from polydev.models import load  # noqa: E402
 from polydev.models.arch import supported  # noqa: E402
 
-from model_files import write_test_model  # noqa: E402
+from model_files import ARCH_CASES, arch_case_kwargs, write_test_model  # noqa: E402
 from needs import llama_cpp, opencl_mark  # noqa: E402
 
 TOLERANCE = 0.01                # of llama.cpp's largest logit
 CUDA = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "CUDA"]
 N_PROMPT, N_DECODE = 12, 4
 
-ARCHS = {
-    "llama": dict(n_head_kv=1),
-    "llama-moe": dict(arch="llama", n_expert=4),
-    "qwen2": dict(),
-    "qwen3": dict(head_dim=32),
-    "qwen3moe": dict(n_expert=4, head_dim=32),
-    "gemma3": dict(head_dim=32, sliding_window=4, n_layer=6),
-    "gemma2": dict(head_dim=24, sliding_window=5, keys={"attn_logit_softcapping": 3.0,
-                                                        "final_logit_softcapping": 4.0}),
-    "smollm3": dict(n_layer=5),
-    "granite": dict(keys={"logit_scale": 1.5, "residual_scale": 0.5, "embedding_scale": 3.0,
-                          "attention.scale": 0.3}),
-    "olmo2": dict(),
-    "qwen2moe": dict(n_expert=4),
-    "mistral3": dict(n_head_kv=4),
-    "mistral3-yarn": dict(arch="mistral3", keys={
-        "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
-        "rope.scaling.original_context_length": 6, "rope.scaling.yarn_log_multiplier": 1.0,
-        "rope.scaling.yarn_beta_fast": 16.0, "attention.temperature_scale": 0.5}),
-    "deepseek2": dict(n_expert=4, keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
-                                        "rope.scaling.original_context_length": 32,
-                                        "rope.scaling.yarn_log_multiplier": 0.0707,
-                                        "expert_weights_norm": True,
-                                        "expert_weights_scale": 2.5}),
-    "deepseek2-lite": dict(arch="deepseek2", n_expert=4, mla=dict(q_lora_rank=0, dense=0)),
-    "deepseek2-groups": dict(arch="deepseek2", n_expert=8,
-                             mla=dict(probs_bias=True),
-                             keys={"expert_gating_func": 2, "expert_group_count": 4,
-                                   "expert_group_used_count": 2,
-                                   "expert_weights_norm": True}),
-    "phi3": dict(keys={"rope.scaling.attn_factor": 1.2}),
-    "gpt-oss": dict(n_expert=4, head_dim=32, sliding_window=5,
-                    keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
-                          "rope.scaling.original_context_length": 32,
-                          "rope.freq_base_swa": 500.0}),
-    "phi3-long": dict(arch="phi3", keys={"rope.scaling.attn_factor": 0.9,
-                                          "rope.scaling.original_context_length": 32}),
-}
-
-
 def test_every_supported_architecture_is_tested_here():
-    assert {kwargs.get("arch", name) for name, kwargs in ARCHS.items()} == set(supported())
-
-
-def _kwargs(case: str, weight_type: str) -> dict:
-    """write_test_model's arguments for ``case`` (an architecture, or a variant of one)."""
-    return dict(arch=case, n_layer=3, weight_type=weight_type,
-                seed=zlib.crc32(case.encode()) % 1000) | ARCHS[case]
+    assert {kwargs.get("arch", name) for name, kwargs in ARCH_CASES.items()} == set(supported())
 
 
 def _model(tmp_path_factory, case: str, weight_type: str):
     """The test model of ``case``."""
     return write_test_model(tmp_path_factory.mktemp(case) / f"{case}-{weight_type}.gguf",
-                            **_kwargs(case, weight_type))
+                            **arch_case_kwargs(case, weight_type))
 
 
 def _tokens() -> list[int]:
@@ -121,9 +74,10 @@ def dequantized_twin(path: Path) -> Path:
     return twin
 
 
-def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
+def _llama_cpp_logits(path, ids: list[int], n_ctx: int = 64) -> np.ndarray:
     """llama.cpp's logits of the prompt's every position, then of each decode step."""
-    llm = llama_cpp().Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    llm = llama_cpp().Llama(str(path), n_ctx=n_ctx, n_threads=2, logits_all=True,
+                            verbose=False)
     try:
         llm.eval(ids[:N_PROMPT])
         for t in ids[N_PROMPT:]:
@@ -133,9 +87,10 @@ def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
         llm.close()
 
 
-def _polydev_logits(path, ids: list[int], devices, **knobs) -> tuple[np.ndarray, set[str]]:
+def _polydev_logits(path, ids: list[int], devices, n_ctx: int = 64,
+                    **knobs) -> tuple[np.ndarray, set[str]]:
     """The prompt's logits then each decode step's, and the devices of the layers."""
-    with load(path, devices=devices, n_ctx=64, progress=False, **knobs) as m:
+    with load(path, devices=devices, n_ctx=n_ctx, progress=False, **knobs) as m:
         m.eval(ids[:N_PROMPT], all_logits=True)
         rows = list(m.logits())
         for t in ids[N_PROMPT:]:
@@ -174,7 +129,7 @@ def assert_matches_llama_cpp(path: Path, ours: np.ndarray, ids: list[int], what:
 
 
 @pytest.mark.parametrize("weight_type", ["F16", "Q8_0"])
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", sorted(ARCH_CASES))
 def test_architecture_matches_llama_cpp_on_the_cpu(tmp_path_factory, arch, weight_type):
     path = _model(tmp_path_factory, arch, weight_type)
     ids = _tokens()
@@ -184,7 +139,7 @@ def test_architecture_matches_llama_cpp_on_the_cpu(tmp_path_factory, arch, weigh
 
 @opencl_mark()
 @pytest.mark.parametrize("weight_type", ["F16", "Q8_0"])
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", sorted(ARCH_CASES))
 def test_architecture_matches_llama_cpp_over_opencl_and_cpu(tmp_path_factory, arch,
                                                             weight_type):
     """The last layers (and the output) on OpenCL0, the first on the CPU."""
@@ -198,7 +153,7 @@ def test_architecture_matches_llama_cpp_over_opencl_and_cpu(tmp_path_factory, ar
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="no CUDA GPU (CuPy finds none)")
 @pytest.mark.parametrize("weight_type", ["F16", "Q8_0"])
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", sorted(ARCH_CASES))
 def test_architecture_on_cuda0_matches_the_cpu(tmp_path_factory, arch, weight_type):
     """Every layer and the output on CUDA0 against the CPU (the GPU machine has no
     llama.cpp to ask; the CPU is checked against it above).
@@ -208,18 +163,36 @@ def test_architecture_on_cuda0_matches_the_cpu(tmp_path_factory, arch, weight_ty
     8-bit activations against exact ones move these deepseek2 models' logits 14-64% through
     such flips, 1.8% with every expert used), so the routing is left out of the comparison
     of the arithmetic; F16 compares it too."""
-    case = ARCHS[arch]
+    case = ARCH_CASES[arch]
     if weight_type == "Q8_0" and case.get("n_expert"):
         if "expert_group_count" in case.get("keys", {}):
             pytest.skip("grouped routing always chooses: compared with F16 weights")
         case = case | {"keys": case.get("keys", {}) | {"expert_used_count": case["n_expert"]}}
     path = write_test_model(tmp_path_factory.mktemp(arch) / f"{arch}-{weight_type}-cuda.gguf",
-                            **_kwargs(arch, weight_type) | case)
+                            **arch_case_kwargs(arch, weight_type) | case)
     ids = _tokens()
     on_cpu, _ = _polydev_logits(path, ids, [])
     on_gpu, placed = _polydev_logits(path, ids, ["CUDA0"], n_gpu_layers=-1)
     assert placed == {"CUDA0"}, placed
     assert_like_llama_cpp(on_gpu, on_cpu, f"{arch} {weight_type} CUDA0 against the CPU")
+
+
+def test_phi3_chooses_its_rope_factors_by_the_padded_context(tmp_path):
+    """llama.cpp pads the context to a multiple of 256 before LongRoPE compares it with the
+    original one: with an original context of 300, n_ctx 290 is 512 cells and takes the long
+    factors, n_ctx 64 (256 cells) the short ones."""
+    path = write_test_model(tmp_path / "phi3-300.gguf", **arch_case_kwargs("phi3", "F16") | {
+        "keys": {"rope.scaling.original_context_length": 300}})
+    ids = _tokens()
+    long_factors, _ = _polydev_logits(path, ids, [], n_ctx=290)
+    assert_like_llama_cpp(long_factors, _llama_cpp_logits(path, ids, n_ctx=290),
+                          "phi3 at n_ctx 290 of an original 300")
+    short_factors, _ = _polydev_logits(path, ids, [], n_ctx=64)
+    assert_like_llama_cpp(short_factors, _llama_cpp_logits(path, ids, n_ctx=64),
+                          "phi3 at n_ctx 64 of an original 300")
+    # the comparisons tell the factors apart: they give these prompts other logits
+    assert np.abs(long_factors - short_factors).max() > 10 * TOLERANCE * np.abs(
+        short_factors).max()
 
 
 @pytest.mark.parametrize("cache", ["f32", "f16"])
@@ -239,6 +212,24 @@ def test_deepseek2_moved_positions_turn_the_roped_part_of_its_rows(tmp_path_fact
         got = m.decode(Batch().add_sequence(ids[N_PROMPT:], 0, logits="all"))
     tolerance = {"f32": 1e-4, "f16": 5e-3}[cache]
     np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max())
+
+
+def test_moved_positions_without_rope_change_nothing(tmp_path_factory):
+    """A model without RoPE (granite with rope.scaling.finetuned false) has no keys to turn:
+    seq_add moves the positions, and the next tokens' logits are the unmoved sequence's."""
+    from polydev.models import Batch
+
+    path = _model(tmp_path_factory, "granite-nope", "F16")
+    ids = _tokens()
+    with load(path, devices=[], n_ctx=64, type_k="f32", type_v="f32", progress=False) as m:
+        m.eval(ids, all_logits=True)
+        want = m.logits()[N_PROMPT:]
+        m.reset()
+        m.eval(ids[:N_PROMPT])
+        m.memory.seq_add(0, 0, -1, 9)
+        got = m.decode(Batch().add_sequence(ids[N_PROMPT:], 0, logits="all"))
+        assert not m.memory.cells.has_shift and m.memory.seq_pos_max(0) == len(ids) + 8
+    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
 
 
 def test_deepseek2_caches_one_compressed_row_per_token(tmp_path_factory):

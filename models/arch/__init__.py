@@ -1,15 +1,14 @@
-"""Architectures: each one's hyperparameter keys and tensors as data (``table.py``, in the
-records of ``schema.py``) and its graph builder (``<module>.py``, nothing else).
+"""The architectures polydev runs, as data: each one's hyperparameter keys, tensors and
+conditions (``table.py``, in the records of ``schema.py``, its shapes and conditions in the
+checked expressions of ``expressions.py``).
 
-A builder takes the step (``StepGraph``: context, inputs, KV cache) and the model's weights and
-returns the logits tensor. ``architecture(name)`` looks an entry up, ``builder(name)`` imports
-its builder (on first use: the tables must not pull the graph code into ``polydev info``).
+This package is the tables only and imports nothing of the model code: hparams, model_check,
+placement, layers and ``polydev info`` read it, and the graph builders, one per entry, live
+apart in ``models/graphs`` (``polydev.models.graphs.builder``), so that the arrows run one
+way: graphs -> layers, step -> tables. ``architecture(name)`` looks an entry up.
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import Callable
 
 from polydev.errors import UnsupportedError
 
@@ -17,7 +16,7 @@ from .schema import REQUIRED, Architecture, ExpectedTensor, Key, TensorSpec
 from .table import ARCHITECTURES
 
 __all__ = ["ARCHITECTURES", "Architecture", "ExpectedTensor", "Key", "REQUIRED", "TensorSpec",
-           "architecture", "builder", "supported"]
+           "architecture", "supported"]
 
 
 def supported() -> list[str]:
@@ -33,9 +32,3 @@ def architecture(name: str) -> Architecture:
     except (KeyError, TypeError):
         raise UnsupportedError(f"architecture {name!r} is not supported (polydev runs "
                                f"{', '.join(supported())})") from None
-
-
-def builder(name: str) -> Callable:
-    """The graph builder of architecture ``name``."""
-    module = importlib.import_module(f".{architecture(name).module}", __name__)
-    return module.build

@@ -4,17 +4,22 @@ defaults, and its tensors with name pattern, role, the op that reads each, wheth
 required, and its shape in terms of the hyperparameters.
 
 Shapes and conditions are short expressions over the hyperparameters (``"n_embd, n_ff"``,
-``"n_expert > 0"``), evaluated against ``HParams.symbols(il)``; they are this table's own
-constants, never text from a file.
+``"n_expert > 0"``, ``expressions.py``), and keys name the ``HParams`` field they are read
+into; an ``Architecture`` checks all of them as it is made, so a mistake in a table raises
+when the table is imported.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
-__all__ = ["REQUIRED", "Key", "TensorSpec", "Architecture", "ExpectedTensor"]
+from polydev.errors import InvalidArgumentError
+
+from .expressions import HPARAM_FIELDS, check, evaluate, evaluate_shape
+
+__all__ = ["REQUIRED", "KEY_KINDS", "Key", "TensorSpec", "Architecture", "ExpectedTensor",
+           "Hyperparameters"]
 
 
 class _Required:
@@ -25,13 +30,25 @@ class _Required:
 REQUIRED: Any = _Required()
 """The default of a key the file must carry."""
 
+KEY_KINDS = ("int", "float", "bool", "int_or_array")
+
+
+class Hyperparameters(Protocol):
+    """What a table entry reads of a model's hyperparameters (``HParams``)."""
+
+    n_layer: int
+
+    def symbols(self, il: int) -> Mapping[str, Any]:
+        """The values of the expressions' names in layer ``il``."""
+
 
 @dataclass(frozen=True)
 class Key:
     """One hyperparameter: the GGUF key ``<arch>.<name>`` read into ``HParams.<field>``.
 
-    ``kind`` is "int", "float", "bool" or "int_or_array" (a per-layer array or a scalar);
-    ``default`` is REQUIRED or the value llama.cpp uses when the key is absent."""
+    ``kind`` is one of ``KEY_KINDS`` ("int_or_array": a per-layer array or a scalar);
+    ``default`` is REQUIRED, the value llama.cpp uses when the key is absent, or
+    ``"=<field>"``: the value of another field, read before this one."""
 
     name: str
     field: str
@@ -83,22 +100,33 @@ class ExpectedTensor:
 
 @dataclass(frozen=True)
 class Architecture:
-    """One ``general.architecture``: what llama.cpp reads of it, and which graph builder
-    (``models/arch/<module>.py``) runs it.
+    """One ``general.architecture``: what llama.cpp reads of it (its graph builder is
+    ``models/graphs``' entry of the same name).
 
     ``swa_pattern`` is llama.cpp's default sliding-window pattern n (layer il slides when
     ``il % n < n - 1``), 0 for an architecture without sliding-window layers; ``rope``
     "norm" or "neox" (llama.cpp's ``llama_model_rope_type``); ``requires`` conditions over
-    the hyperparameters, each with what a file that breaks it is told."""
+    the hyperparameters, each with what a file that breaks it is told.
+
+    Made with a key that names no ``HParams`` field, an expression that does not check, or
+    an ``unless`` that names no tensor of the entry, it raises an InvalidArgumentError
+    naming the architecture and the mistake."""
 
     name: str
-    module: str
     description: str
     rope: str
     keys: tuple[Key, ...]
     tensors: tuple[TensorSpec, ...]
     swa_pattern: int = 0
     requires: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in self.keys:
+            self._check_key(key)
+        for spec in self.tensors:
+            self._check_tensor(spec)
+        for condition, _ in self.requires:
+            check(condition, f"{self.name}: the requirement")
 
     def tensor(self, short: str) -> TensorSpec:
         """The spec whose short name is ``short`` (``"attn_q"``, ``"attn_q.bias"``)."""
@@ -107,7 +135,29 @@ class Architecture:
                 return spec
         raise KeyError(f"{self.name} has no tensor {short!r}")
 
-    def expected(self, hp: Any) -> dict[str, ExpectedTensor]:
+    def _check_key(self, key: Key) -> None:
+        where = f"{self.name}: key {key.name!r}"
+        if key.field not in HPARAM_FIELDS:
+            raise InvalidArgumentError(f"{where} is read into {key.field!r}, which is no field "
+                                       "of HParams")
+        if key.kind not in KEY_KINDS:
+            raise InvalidArgumentError(f"{where} has kind {key.kind!r}; the kinds are "
+                                       f"{', '.join(KEY_KINDS)}")
+        if isinstance(key.default, str) and key.default.startswith("=") and (
+                key.default[1:] not in HPARAM_FIELDS):
+            raise InvalidArgumentError(f"{where} defaults to {key.default[1:]!r}, which is no "
+                                       "field of HParams")
+
+    def _check_tensor(self, spec: TensorSpec) -> None:
+        where = f"{self.name}: tensor {spec.name}'s"
+        check(spec.shape, f"{where} shape", shape=True)
+        if spec.when:
+            check(spec.when, f"{where} condition")
+        if spec.unless and not any(other.short == spec.unless for other in self.tensors):
+            raise InvalidArgumentError(f"{where} alternative {spec.unless!r} is no tensor of "
+                                       f"{self.name}")
+
+    def expected(self, hp: Hyperparameters) -> dict[str, ExpectedTensor]:
         """Every tensor a model with hyperparameters ``hp`` may hold, by GGUF name."""
         out: dict[str, ExpectedTensor] = {}
         for spec in self.tensors:
@@ -119,11 +169,10 @@ class Architecture:
                 name = spec.name.format(il=il)
                 if name in out:          # a per-layer-less name listed in a layer (rope_freqs)
                     continue
-                shape = evaluate(f"({spec.shape},)", symbols)
+                shape = evaluate_shape(spec.shape, symbols)
                 unless = spec.unless and _unless_name(spec, self, il)
                 layer = il if spec.per_layer else _layer_of_global(spec, hp.n_layer)
-                out[name] = ExpectedTensor(spec, name, layer, tuple(int(n) for n in shape),
-                                           spec.required, unless)
+                out[name] = ExpectedTensor(spec, name, layer, shape, spec.required, unless)
         return out
 
 
@@ -139,13 +188,3 @@ def _layer_of_global(spec: TensorSpec, n_layer: int) -> int | None:
     if spec.op == "ROPE":
         return 0
     return n_layer
-
-
-def evaluate(expression: str, symbols: Mapping[str, Any]) -> Any:
-    """An expression of this table over the hyperparameters (no builtins)."""
-    return eval(_compiled(expression), {"__builtins__": {}}, dict(symbols))  # noqa: S307
-
-
-@lru_cache(maxsize=None)
-def _compiled(expression: str):
-    return compile(expression, f"<shape {expression}>", "eval")

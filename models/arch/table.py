@@ -3,7 +3,8 @@
 
 Beyond ``blocks.COMMON_KEYS`` each lists its own keys. The loader checks a file against its
 entry (``models/model_check.py``), placement reads each tensor's op from it, ``polydev info``
-lists the entries, and the graph builders read weights by the short names it declares.
+lists the entries, and the graph builders (``models/graphs``) read weights by the short names
+it declares.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ SWA_KEYS = (Key("attention.sliding_window", "sliding_window", "int", 0),
 
 
 def _arch(name: str, description: str, rope: str, tensors: tuple, keys: tuple = (),
-          module: str | None = None, **kw) -> Architecture:
-    return Architecture(name=name, module=module or name, description=description, rope=rope,
+          **kw) -> Architecture:
+    return Architecture(name=name, description=description, rope=rope,
                         keys=COMMON_KEYS + keys, tensors=tensors, **kw)
 
 
@@ -138,7 +139,6 @@ _ALL = (
                              "GET_ROWS", f"experts' {part} biases")
                   for part, width in (("gate", "n_ff_exp"), ("up", "n_ff_exp"),
                                       ("down", "n_embd"))),
-          module="gpt_oss",
           keys=(Key("expert_feed_forward_length", "n_ff_exp"),
                 Key("attention.sliding_window", "sliding_window"), SWA_KEYS[1]),
           swa_pattern=2, requires=(HAS_EXPERTS, ROPE_IS_HEAD)),

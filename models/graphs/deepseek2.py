@@ -68,12 +68,12 @@ def latent_attention(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
     k_rope = ops.cont(ctx, ctx.view_3d(kv, n_rot, 1, n_tokens, kv.nb[1], kv.nb[1],
                                        kv.traits.row_size(rank)))
     rope = rope_params(hp, RopeMode.NORMAL, hp.rope_freq_base, n_rot)
-    k_rope = ops.rope_ext(ctx, k_rope, s.positions, None, **rope)
+    k_rope = ops.rope_ext(ctx, k_rope, s.positions(), None, **rope)
     compressed = norm(s, compressed, w.layer(il, "attn_kv_a_norm"), hp.rms_eps)
     q_nope = ctx.view_3d(q, n_nope, n_head, n_tokens, q.nb[1], q.nb[2], 0)
     q_rope = ops.cont(ctx, ctx.view_3d(q, n_rot, n_head, n_tokens, q.nb[1], q.nb[2],
                                        q.traits.row_size(n_nope)))
-    q_rope = ops.rope_ext(ctx, q_rope, s.positions, None, **rope)
+    q_rope = ops.rope_ext(ctx, q_rope, s.positions(), None, **rope)
     # each head's non-rope q taken into the compressed space: [rank, n_tokens, n_head]
     absorbed = ops.mul_mat(ctx, w.layer(il, "attn_k_b"), ctx.permute(q_nope, 0, 2, 1, 3))
     absorbed = ctx.permute(absorbed, 0, 2, 1, 3)                    # [rank, n_head, n_tokens]
