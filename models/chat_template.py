@@ -1,8 +1,9 @@
 """Chat messages to a prompt with the model's own ``tokenizer.chat_template``, rendered with
 jinja2 as transformers and llama.cpp render it (sandboxed, ``trim_blocks``/``lstrip_blocks``,
 ``raise_exception``, ``strftime_now``, a ``tojson`` that returns plain text,
-``bos_token``/``eos_token``, ``add_generation_prompt``). A model without
-a template gets llama.cpp's fallback, ChatML."""
+``bos_token``/``eos_token``, ``add_generation_prompt``). A model without a template is
+prompted in its family's own turn format (``chat_fallback`` chooses among ``chat_formats``);
+``render_chat`` itself, told no template, falls back to ChatML as llama.cpp does."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from polydev.errors import InvalidArgumentError, MissingDependencyError
+
+from .chat_formats import CHAT_FORMATS
 
 __all__ = ["render_chat", "CHATML"]
 
@@ -24,9 +27,8 @@ def _warn_once(message: str) -> None:
         _warned.add(message)
         log.warning(message)
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+CHATML: str = CHAT_FORMATS["chatml"].template      # the template's text, for render_chat
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,

@@ -17,6 +17,7 @@ from polydev.errors import InvalidArgumentError
 from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
+from .chat_fallback import fallback_format
 from .chat_template import render_chat
 from .batch import Batch
 from .default_model import default_model_path
@@ -231,15 +232,26 @@ class Model(Resource):
     def speaks_harmony(self) -> bool:
         """Whether replies come in gpt-oss's harmony channels (``polydev.models.harmony``:
         reasoning and answer apart)."""
-        return is_harmony(self.file.get("tokenizer.chat_template"), self.tokenizer.vocab.tokens)
+        return is_harmony(self.chat_template, self.tokenizer.vocab.tokens)
+
+    @property
+    def chat_template(self) -> str:
+        """The file's ``tokenizer.chat_template``; a file without one gets its family's turn
+        format (``polydev.models.chat_fallback``, logged once)."""
+        template = self.file.get("tokenizer.chat_template")
+        if template is None:
+            vocab = self.tokenizer.vocab
+            template = fallback_format(self.hparams.arch, vocab.tokens, vocab.model,
+                                       str(self.file.path)).template
+        return template
 
     def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> str:
-        """``messages`` rendered by the model's chat template, ready for the assistant."""
+        """``messages`` rendered by the model's chat template (``chat_template``), ready for
+        the assistant."""
         tok = self.tokenizer
         bos = tok.vocab.tokens[tok.bos_id] if tok.bos_id is not None else ""
         eos = tok.vocab.tokens[tok.eos_id] if tok.eos_id is not None else ""
-        text = render_chat(self.file.get("tokenizer.chat_template"), messages, bos_token=bos,
-                           eos_token=eos)
+        text = render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
         if tok.vocab.add_bos and bos and not text.startswith(bos):
             text = bos + text                  # llama.cpp adds BOS when the template does not
         return text
