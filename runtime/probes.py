@@ -15,13 +15,13 @@ import json
 import logging
 import os
 import platform
-import tempfile
 import threading
 import zlib
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from .env import cache_dir
+from .files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -139,15 +139,7 @@ def _read(path: Path) -> dict[str, str | None]:
 
 def _write(path: Path, answers: dict[str, str | None]) -> None:
     """Write through a temporary file and a rename: a reader never sees half a file."""
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(answers, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(path, json.dumps(answers, indent=1, sort_keys=True))
     except OSError as e:                   # a read-only cache: probe again next time
         log.debug("cannot write the probe cache %s: %s", path, e)
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
