@@ -14,7 +14,6 @@ from needs import missing
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1"
 GEMMA3 = "gemma-3-270m-q4_k_m"
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "llama-cpp-fixtures.json"
 
 
 def _missing(why: str):

@@ -4,8 +4,6 @@ split over devices, and the two real models against the float64 reference and ll
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -16,9 +14,9 @@ from polydev.errors import GGUFError, InvalidArgumentError  # noqa: E402
 from polydev.models import load  # noqa: E402
 
 import reference_models  # noqa: E402
-from needs import OPENCL, llama_cpp, missing, opencl_devices, opencl_mark  # noqa: E402
-from model_files import (FIXTURES, GEMMA3, SMOLLM2, gguf_reader, model_path,  # noqa: E402
-                         write_test_model)
+from llama_oracle import PROMPT, records  # noqa: E402
+from needs import OPENCL, llama_cpp, opencl_devices, opencl_mark  # noqa: E402
+from model_files import GEMMA3, SMOLLM2, gguf_reader, model_path, write_test_model  # noqa: E402
 
 needs_opencl = opencl_mark()
 
@@ -299,13 +297,6 @@ def test_experts_on_the_cpu_with_cpu_moe(tmp_path):
 
 # --- the real models --------------------------------------------------------------------------
 
-def fixture(name: str) -> dict:
-    if not FIXTURES.is_file():
-        missing("POLYDEV_REQUIRE_LLAMA_CPP", f"llama.cpp's recorded outputs {FIXTURES} are not "
-                f"there (the shared folder beside the checkout holds them)")
-    return json.loads(FIXTURES.read_text())["models"][name]["generate"][0]
-
-
 _REAL: dict[str, object] = {}
 
 
@@ -328,11 +319,11 @@ def real(name: str, cache: dict):
 @pytest.mark.parametrize("name", [SMOLLM2, GEMMA3])
 def test_real_model_matches_float64(real_models, name):
     """The prompt's next-token logits equal a float64 evaluation of the same weights."""
-    g = fixture(name)
     m = real(name, real_models)
-    m.eval(g["prompt_ids"])
+    prompt_ids = m.tokenize(PROMPT)
+    m.eval(prompt_ids)
     got = m.logits()
-    want = reference_models.forward(gguf_reader(model_path(name)), g["prompt_ids"])[-1]
+    want = reference_models.forward(gguf_reader(model_path(name)), prompt_ids)[-1]
     assert int(np.argmax(got)) == int(np.argmax(want))
     np.testing.assert_allclose(got, want, atol=0.05)
 
@@ -344,7 +335,7 @@ def test_real_model_against_llama_cpp(real_models, name):
     top-5 set, each top-10 logit within 0.35, and the greedy text the same up to the first
     step whose two best tokens llama.cpp itself separates by less than that (where the two
     arithmetics may choose differently)."""
-    g = fixture(name)
+    g = records(name)["generate"][0]
     m = real(name, real_models)
     m.eval(g["prompt_ids"])
     logits = m.logits()

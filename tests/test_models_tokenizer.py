@@ -4,7 +4,6 @@ and (where llama-cpp-python imports) llama.cpp itself on random text."""
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from polydev.models.gguf import GGUFFile  # noqa: E402
 from polydev.models.tokenizer import Tokenizer  # noqa: E402
 
 import needs  # noqa: E402
-from model_files import FIXTURES, GEMMA3, SMOLLM2, model_path, rewrite  # noqa: E402
-from needs import VOCAB_DIR, missing, vocab_dir  # noqa: E402
+from llama_oracle import records  # noqa: E402
+from model_files import GEMMA3, SMOLLM2, model_path, rewrite  # noqa: E402
+from needs import VOCAB_DIR, vocab_dir  # noqa: E402
 
 MODELS = [SMOLLM2, GEMMA3]
 _TOKENIZERS: dict[str, Tokenizer] = {}
@@ -34,21 +34,14 @@ def tokenizer_of(path: Path) -> Tokenizer:
     return _TOKENIZERS[key]
 
 
-def fixtures(name: str) -> dict:
-    if not FIXTURES.is_file():
-        missing("POLYDEV_REQUIRE_LLAMA_CPP", f"llama.cpp's recorded outputs {FIXTURES} are not "
-                f"there (the shared folder beside the checkout holds them)")
-    return json.loads(FIXTURES.read_text())["models"][name]
-
-
 # --- llama.cpp's recorded ids -----------------------------------------------------------------
 
 @pytest.mark.parametrize("name", MODELS)
 def test_recorded_llama_cpp_ids(name):
-    """The fixtures used tokenize(text, add_bos=True, special=True)."""
+    """llama.cpp's ids from tokenize(text, add_bos=True, special=True)."""
     tok = tokenizer_of(model_path(name))
-    cases = dict(fixtures(name)["tokenize"])
-    gen = fixtures(name)["generate"][0]
+    cases = dict(records(name)["tokenize"])
+    gen = records(name)["generate"][0]
     cases[gen["prompt"]] = gen["prompt_ids"]
     for text, ids in cases.items():
         assert tok.encode(text, add_special=True, parse_special=True) == ids, text
@@ -56,7 +49,7 @@ def test_recorded_llama_cpp_ids(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_generated_text_decodes_like_llama_cpp(name):
-    gen = fixtures(name)["generate"][0]
+    gen = records(name)["generate"][0]
     tok = tokenizer_of(model_path(name))
     assert tok.decode(gen["greedy_ids"]) == gen["greedy_text"]
     streamed = b"".join(tok.token_to_piece(t) for t in gen["greedy_ids"])
