@@ -7,9 +7,11 @@ POCL_DEVICES="pthread pthread" so the multi-device tests have two OpenCL devices
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -339,3 +341,24 @@ def test_a_program_that_does_not_build_is_a_compile_error_naming_it(dev, monkeyp
     assert [p for p in (tmp_path / "opencl").glob("*.bin")] == []
     assert programs.kernel("rows", "get_rows", DST_T="f32") is not None    # the others build
     assert len(list((tmp_path / "opencl").glob("*.bin"))) == 1
+
+
+def test_what_the_driver_says_about_a_build_goes_to_the_debug_log(dev, monkeypatch, tmp_path,
+                                                                   caplog):
+    """A build that succeeds with a non-empty log (here: a macro the options define and the
+    source defines again) reaches no one as a warning: pyopencl's CompilerWarning is caught,
+    and the driver's log is in polydev's debug log. Both builds say it: from the source, and
+    from the binary kept in the cache."""
+    from polydev.backends.opencl.probe import compiler_identity
+    from polydev.backends.opencl.programs import ProgramCache
+
+    monkeypatch.setenv("POLYDEV_CACHE_DIR", str(tmp_path))     # built now, not read back
+    programs = ProgramCache(dev.cl, dev.platform.context, dev.cl_device,
+                            {"LS": dev.row_group_size, "TS": dev.tile_size},
+                            compiler_identity(dev.platform.platform, dev.cl_device))
+    with warnings.catch_warnings(), caplog.at_level(logging.DEBUG, "polydev.backends.opencl"):
+        warnings.simplefilter("error")            # any warning that reaches the user fails
+        assert programs.kernel("rows", "get_rows", DST_T="f32", ROW_INDICES=1) is not None
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG
+            and "the driver said" in r.getMessage()]
+    assert len(said) == 2 and all("ROW_INDICES" in m for m in said), said

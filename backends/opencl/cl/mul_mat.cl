@@ -125,7 +125,7 @@ kernel void mul_mat_vec_rows(TENSOR(src0), TENSOR(src1), TENSOR(dst)) {
         float16 lo, hi;
 #ifdef VEC_QUANTS       // sum (d q + m) x = d (sum q x) + m (sum x), as ggml's dot products
         float d, m;
-        QUANTS32(row, ch, &lo, &hi, &d, &m);
+        QUANTS32((const global uchar *) row, ch, &lo, &hi, &d, &m);
         float16 t = lo * x0;
         t = t + hi * x1;
         acc = acc + d * t;
