@@ -46,9 +46,7 @@ def bind_flash_attn_ext(env, node: Tensor) -> Callable[[], None]:
     xp = env.xp
     q_t, k_t, v_t, mask_t, sinks_t = FlashAttnSources.of(node)
     params = FlashAttnParams.of(node)
-    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
-    if softcap:
-        scale /= softcap                      # softcap * tanh(scale / softcap * s), as ggml
+    scale, max_bias, softcap = params.kernel_scale, params.max_bias, params.softcap
     n_seq, n_head, n_q, _ = q_t.shape
     n_head_kv = k_t.ne[2]
     group = n_head // n_head_kv

@@ -202,9 +202,7 @@ def bind_set_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
 def bind_flash_attn_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     q, k, v, mask, sinks = FlashAttnSources.of(node)
     params = FlashAttnParams.of(node)
-    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
-    if softcap:
-        scale /= softcap                  # softcap * tanh(scale / softcap * s), as ggml
+    scale, max_bias, softcap = params.kernel_scale, params.max_bias, params.softcap
     m0, m1, n_head_log2 = alibi_params(q.ne[2], max_bias)
     args = (tensor_args(launcher, q) + tensor_args(launcher, k) + tensor_args(launcher, v)
         + tensor_args(launcher, mask) + tensor_args(launcher, sinks)

@@ -330,9 +330,7 @@ def bind_mul_mat_id(backend, node: Tensor) -> Callable[[], None]:
 def bind_flash_attn_ext(backend, node: Tensor) -> Callable[[], None]:
     q, k_t, v_t, mask, sinks = FlashAttnSources.of(node)
     params = FlashAttnParams.of(node)
-    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
-    if softcap:
-        scale /= softcap                  # softcap * tanh(scale / softcap * s), as ggml
+    scale, max_bias, softcap = params.kernel_scale, params.max_bias, params.softcap
     defines = {"SRC1_T": PLAIN_NAMES.get(k_t.type, "f32")}
     if k_t.type in QUANT_NAMES:
         defines["QUANT_T"] = QUANT_NAMES[k_t.type]

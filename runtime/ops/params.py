@@ -202,6 +202,13 @@ class FlashAttnParams(OpParams):
     softcap: float = 0.0
     precision: int = 0
 
+    @property
+    def kernel_scale(self) -> float:
+        """What the kernels multiply q.k by before the soft cap: ``scale / softcap`` where
+        there is a cap, since the capped score softcap * tanh(scale * q.k / softcap) is then
+        softcap * tanh(kernel_scale * q.k) (ggml's form), else ``scale``."""
+        return self.scale / self.softcap if self.softcap else self.scale
+
 
 @dataclass(frozen=True)
 class GatedLinearAttnParams(OpParams):
