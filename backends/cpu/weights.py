@@ -1,5 +1,5 @@
 """The CPU backend's memory-accounted cache of weights decoded to float32, or repacked for the
-compiled kernels (DESIGN decision 8).
+compiled kernels (docs/design.md, decision 8).
 
 numpy has no quantized matrix product, so a quantized (or F16/BF16) weight is decoded to
 float32 once and reused by every later product, instead of being decoded on each token; and
@@ -10,6 +10,10 @@ reused, unlike ``id()``) and is stale as soon as the buffer's generation changes
 through polydev bumps it); freeing a buffer drops its entries. The cache holds at most
 ``budget`` bytes ($POLYDEV_CPU_WEIGHT_CACHE_MB, else half the physical memory) and evicts the
 least recently used entries; a weight larger than the budget is decoded per use.
+
+A copy the kernels read in place of a weight (the interleaved one) replaces the weight's own
+bytes, and where those are a model file's pages the cache lets them go as it makes the copy
+(``replacement``): the file's pages and the copy are not held at once.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from polydev.buffer import Buffer
 from polydev.env import env_float
 from polydev.tensor import Tensor
 
+from .buffer import CPUBuffer
+
 log = logging.getLogger(__name__)
 
 BUDGET_ENV = "POLYDEV_CPU_WEIGHT_CACHE_MB"
+REPLACE_STEP_BYTES = 16 << 20   # a weight's bytes copied between two drops of their pages
 
 
 class WeightCache:
@@ -62,6 +69,18 @@ class WeightCache:
         self._store(key, buf.generation, values)
         return values
 
+    def replacement(self, t: Tensor, kind: str, nbytes: int,
+                    copy_rows: Callable[[np.ndarray, int, int], None],
+                    row_multiple: int = 1) -> Callable[[], np.ndarray]:
+        """The getter of a copy of ``t`` (``nbytes`` bytes, in the form ``kind`` names) that
+        the kernels read in place of ``t``'s own bytes: cached as ``get`` caches, and made,
+        where it is not, by ``copy_rows(out, r0, n)``, which writes rows [r0, r0 + n) of
+        ``t`` (its rows counted across its matrices, ``t.nb[1]`` bytes apart throughout) into
+        their place in ``out``; see ``copy_replacing``."""
+        def make() -> np.ndarray:
+            return copy_replacing(t, nbytes, copy_rows, row_multiple)
+        return lambda: self.get(t, make, kind)
+
     def forget(self, buffer: Buffer) -> None:
         """Drop every entry of ``buffer`` (it is being freed)."""
         with self._lock:
@@ -89,3 +108,27 @@ class WeightCache:
         with self._lock:
             self._entries.clear()
             self.nbytes = 0
+
+
+def copy_replacing(t: Tensor, nbytes: int, copy_rows: Callable[[np.ndarray, int, int], None],
+                   row_multiple: int = 1) -> np.ndarray:
+    """A copy of ``t`` of ``nbytes`` bytes, made by ``copy_rows`` (see
+    ``WeightCache.replacement``) about REPLACE_STEP_BYTES of ``t``'s bytes at a time, in
+    whole multiples of ``row_multiple`` rows. Where ``t``'s bytes are a read-only file's pages
+    (a model's weights), each step's pages are dropped as soon as they are copied, so that the
+    file's pages and the copy are never resident whole at once (gemma-3's 170 MiB token
+    embedding would otherwise add its size to the peak); then the whole range is marked as
+    replaced, which drops the pages the steps' edges shared, and drops them again as reads of
+    the weight's rows (GET_ROWS of a tied embedding) bring them back."""
+    out = np.empty(nbytes, dtype=np.uint8)
+    file_pages = t.buffer if isinstance(t.buffer, CPUBuffer) else None
+    n_rows, row_bytes = t.nrows, t.nb[1]
+    step = max(row_multiple, REPLACE_STEP_BYTES // row_bytes // row_multiple * row_multiple)
+    for r0 in range(0, n_rows, step):
+        n = min(step, n_rows - r0)
+        copy_rows(out, r0, n)
+        if file_pages is not None:
+            file_pages.drop_pages(t.offset + r0 * row_bytes, n * row_bytes)
+    if file_pages is not None:
+        file_pages.replaced_by_copy(t.offset, t.nbytes)
+    return out
