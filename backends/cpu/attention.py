@@ -19,7 +19,8 @@ from polydev.ops import FlashAttnParams, FlashAttnSources, alibi_slopes
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, loaded_kernels, pack, tensor_words
+from .native import kernels, loaded_kernels
+from .native.arguments import FlashAttnArguments, TensorWords, address_of
 
 F16, F32 = GGMLType.F16, GGMLType.F32
 
@@ -37,19 +38,19 @@ def bind_native_flash_attn(env, node: Tensor) -> Callable[[], None]:
     lib = kernels()
     q, k, v, mask, sinks = FlashAttnSources.of(node)
     params = FlashAttnParams.of(node)
-    scale, max_bias, softcap = params.scale, params.max_bias, params.softcap
-    if softcap:
-        scale /= softcap                      # softcap * tanh(scale / softcap * s), as ggml
+    scale, max_bias, softcap = params.kernel_scale, params.max_bias, params.softcap
     n_head = q.ne[2]
     slopes = (np.ascontiguousarray(alibi_slopes(n_head, max_bias), dtype=np.float32)
               if max_bias > 0 else None)
 
-    def tensor(t: Tensor | None) -> tuple[int, ...]:
-        return tensor_words(env.view(t).ctypes.data if t is not None else 0, t)
-    args = pack(*tensor(q), *tensor(k), *tensor(v), *tensor(mask), *tensor(node), 0, k.ne[1],
-                slopes.ctypes.data if slopes is not None else None,
-                env.view(sinks).ctypes.data if sinks is not None else None, env.n_threads)
-    run_kernel, where = lib.flash_attn_f16_packed, args.ctypes.data
+    def tensor(t: Tensor | None) -> TensorWords:
+        return TensorWords.of(env.view(t).ctypes.data if t is not None else 0, t)
+    # the cells [lo, hi): all of them (the kernel skips the ones the mask hides)
+    args = FlashAttnArguments(q=tensor(q), k=tensor(k), v=tensor(v), mask=tensor(mask),
+                              out=tensor(node), lo=0, hi=k.ne[1], slopes=address_of(slopes),
+                              sinks=address_of(env.view(sinks) if sinks is not None else None),
+                              n_threads=env.n_threads)
+    run_kernel, where = lib.flash_attn_f16_packed, args.address
 
     def run() -> None:
         run_kernel(where, scale, softcap)

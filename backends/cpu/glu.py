@@ -14,7 +14,8 @@ from polydev.ops import GluOp, GluParams
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, loaded_kernels, pack
+from .native import kernels, loaded_kernels
+from .native.arguments import SwigluArguments
 
 F32 = GGMLType.F32
 
@@ -38,9 +39,10 @@ def bind_native_glu(env, node: Tensor) -> Callable[[], None]:
     if d2 is None or x2 is None or g2 is None:      # not rows of one stride: the array kernel
         from polydev.backends.array.elementwise import bind_glu
         return bind_glu(env, node)
-    args = pack(x2.ctypes.data, x2.strides[0] // 4, g2.ctypes.data, g2.strides[0] // 4,
-                d2.ctypes.data, d2.strides[0] // 4, d2.shape[0], n, env.n_threads)
-    swiglu, where = kernels().swiglu_f32_packed, args.ctypes.data
+    args = SwigluArguments(x=x2.ctypes.data, xs=x2.strides[0] // 4, g=g2.ctypes.data,
+                           gs=g2.strides[0] // 4, d=d2.ctypes.data, ds=d2.strides[0] // 4,
+                           n_rows=d2.shape[0], n=n, n_threads=env.n_threads)
+    swiglu, where = kernels().swiglu_f32_packed, args.address
 
     def run() -> None:
         swiglu(where)

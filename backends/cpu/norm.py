@@ -14,7 +14,8 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType
 from polydev.ops import NormParams
 
-from .native import kernels, loaded_kernels, pack, tensor_words
+from .native import kernels, loaded_kernels
+from .native.arguments import RmsNormArguments, TensorWords
 
 
 def native_rms_norm_ok(node: Tensor) -> bool:
@@ -27,9 +28,10 @@ def native_rms_norm_ok(node: Tensor) -> bool:
 def bind_native_rms_norm(env, node: Tensor) -> Callable[[], None]:
     a = node.src[0]
     eps = NormParams.of(node).eps
-    args = pack(*tensor_words(env.view(a).ctypes.data, a),
-                *tensor_words(env.view(node).ctypes.data, node), env.n_threads)
-    rms_norm, where = kernels().rms_norm_f32_packed, args.ctypes.data
+    args = RmsNormArguments(a=TensorWords.of(env.view(a).ctypes.data, a),
+                            d=TensorWords.of(env.view(node).ctypes.data, node),
+                            n_threads=env.n_threads)
+    rms_norm, where = kernels().rms_norm_f32_packed, args.address
 
     def run() -> None:
         rms_norm(where, eps)

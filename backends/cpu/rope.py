@@ -18,7 +18,8 @@ from polydev.ops import RopeMode, RopeParams, RopeSources
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .native import kernels, loaded_kernels, pack, tensor_words
+from .native import kernels, loaded_kernels
+from .native.arguments import RopeArguments, TensorWords
 
 
 def native_rope_ok(node: Tensor) -> bool:
@@ -48,10 +49,11 @@ def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
     # arrays and their addresses, which the memo keeps alive)
     key = ("rope-native", mode, n_dims, half, params.yarn, sections)
     inputs = (pos,) if freq_factors is None else (pos, freq_factors)
-    args = pack(*tensor_words(env.view(a).ctypes.data, a),
-                *tensor_words(env.view(node).ctypes.data, node), n_offs, half,
-                int(mode == RopeMode.NEOX), int(not same_memory(node, a)))
-    rope, where = kernels().rope_f32_packed, args.ctypes.data
+    args = RopeArguments(a=TensorWords.of(env.view(a).ctypes.data, a),
+                         d=TensorWords.of(env.view(node).ctypes.data, node), n_offs=n_offs,
+                         half=half, neox=int(mode == RopeMode.NEOX),
+                         copy_rest=int(not same_memory(node, a)))
+    rope, where = kernels().rope_f32_packed, args.address
 
     def run() -> None:
         _, _, cos, sin = env.memo(key, inputs, angles)

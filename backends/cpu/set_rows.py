@@ -15,7 +15,8 @@ from polydev.backends.array.movement import bind_set_rows
 from polydev.tensor import Tensor
 from polydev.types import TYPE_TRAITS, GGMLType
 
-from .native import kernels, loaded_kernels, pack, tensor_words
+from .native import kernels, loaded_kernels
+from .native.arguments import SetRowsArguments, TensorWords
 
 _DST_TYPES = (GGMLType.F32, GGMLType.F16)
 
@@ -29,11 +30,12 @@ def native_set_rows_ok(node: Tensor) -> bool:
 
 def bind_native_set_rows(env, node: Tensor) -> Callable[[], None]:
     b, c = node.src[0], node.src[1]
-    args = pack(*tensor_words(env.view(b).ctypes.data, b),
-                *tensor_words(env.view(node).ctypes.data, node),
-                *tensor_words(env.view(c).ctypes.data, c), int(c.type == GGMLType.I64),
-                int(node.type == GGMLType.F16))
-    set_rows, where = kernels().set_rows_f32_packed, args.ctypes.data
+    args = SetRowsArguments(src=TensorWords.of(env.view(b).ctypes.data, b),
+                            dst=TensorWords.of(env.view(node).ctypes.data, node),
+                            idx=TensorWords.of(env.view(c).ctypes.data, c),
+                            idx64=int(c.type == GGMLType.I64),
+                            dst_f16=int(node.type == GGMLType.F16))
+    set_rows, where = kernels().set_rows_f32_packed, args.address
     checked = bind_set_rows(env, node)   # raises the error for a bad index; fp16 without F16C
 
     def run() -> None:
