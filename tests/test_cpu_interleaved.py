@@ -12,7 +12,7 @@ import pytest
 
 import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, dequantize, ops
-from polydev.backends.cpu.matmul import BLOCK_PRODUCT_ROWS
+from polydev.backends.cpu.product_path import BLOCK_PRODUCT_ROWS
 from polydev.backends.cpu.native import kernels
 from polydev.buffer import BufferUsage
 from polydev.errors import OutOfBoundsError, PolydevError

@@ -15,6 +15,7 @@ from polydev.backends.array.matmul import bind_mul_mat
 from polydev.backends.cpu import matmul as cpu_matmul
 from polydev.backends.cpu import native
 from polydev.backends.cpu.native import kernels
+from polydev.backends.cpu.product_path import BLOCK_PRODUCT_ROWS
 
 from conftest import assert_close, compute, nmse
 from test_ops import f32, random_blocks
@@ -100,7 +101,7 @@ def test_int16_product_of_many_rows_without_a_gemm_is_the_float32_product(fast_c
     """Above BLOCK_PRODUCT_ROWS rows (a prompt) the 32-value types multiply through BLAS under
     both numerics."""
     raw = random_blocks(rng, GGMLType.Q8_0, 16, 256)
-    x = f32(rng, (1, 1, cpu_matmul.BLOCK_PRODUCT_ROWS + 1, 256))
+    x = f32(rng, (1, 1, BLOCK_PRODUCT_ROWS + 1, 256))
     np.testing.assert_array_equal(_product(fast_cpu, raw, GGMLType.Q8_0, x),
                                   _product(cpu, raw, GGMLType.Q8_0, x))
 

@@ -2,11 +2,11 @@
 
 The array kernel decodes every expert's matrix to float32 (the weight cache: four to seven
 times the bytes of the blocks, for experts most tokens never use) and multiplies through
-BLAS. Here the (token, slot) pairs are grouped by expert as there, and each expert in use
-multiplies the rows routed to it straight from its own blocks, by the kernel MUL_MAT would
-choose for that many rows (matmul.bind_product): integer products under numerics="fast"
-(int16) and "int8", from the experts' interleaved copy where the build has one
-(matmul.interleaved_copy).
+BLAS. Here, where the weight cache keeps the experts' interleaved copy (interleaved.py) and
+the numerics are integer ones, the whole op is one call of the kernels, which sort the
+(token, slot) pairs by expert themselves. Otherwise the pairs are grouped by expert as in the
+array kernel, and each expert in use multiplies the rows routed to it straight from its own
+blocks, by the path MUL_MAT would take for that many rows (product_path.py, matmul.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .matmul import activation_bits, bind_product, interleaved_copy
-from .native import kernels, loaded_kernels, pack
+from .interleaved import interleaved_copy
+from .matmul import bind_product
+from .native import kernels, loaded_kernels
+from .native.arguments import MulMatIdInterleavedArguments
+from .product_path import ProductPath, product_path
 
 
 def native_mul_mat_id_ok(node: Tensor) -> bool:
@@ -50,9 +53,12 @@ def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
     b_row = (np.arange(n_tokens)[:, None] * n_b + np.arange(n_used)[None, :] % n_b).reshape(-1)
     rows = b.reshape(-1, k)
     name = f"MUL_MAT_ID {node.name or '<unnamed>'}"
-    copy = interleaved_copy(env, as_t)
-    if copy is not None and ids.strides[1] == 4:
-        return _bind_interleaved(env, copy, as_t, b, ids, d, name)
+    lib, type_id = kernels(), int(as_t.type)
+    # the kernels read the ids with unit stride within a token
+    copy = interleaved_copy(env, as_t) if ids.strides[1] == 4 else None
+    path = product_path(env.numerics, lib, type_id, ids.size, interleaved=copy is not None)
+    if path.interleaved:
+        return _bind_interleaved(env, path, copy, as_t, b, ids, d, name)
 
     def run() -> None:
         experts = ids.reshape(-1)
@@ -60,30 +66,33 @@ def bind_native_mul_mat_id(env, node: Tensor) -> Callable[[], None]:
         for expert, pairs in expert_groups(np, experts):
             x = np.ascontiguousarray(rows[b_row[pairs]])
             y = np.empty((len(pairs), m), dtype=np.float32)
-            bind_product(env, int(as_t.type), experts_base + expert * as_t.nb[2], as_t.nb[1],
-                         m, k, x, y, name)()
+            expert_path = product_path(env.numerics, lib, type_id, len(pairs))
+            bind_product(env, expert_path, type_id, experts_base + expert * as_t.nb[2],
+                         as_t.nb[1], m, k, x, y, name)()
             d[pairs] = y
     return run
 
 
-def _bind_interleaved(env, copy, as_t: Tensor, b: np.ndarray, ids: np.ndarray, d: np.ndarray,
+def _bind_interleaved(env, path: ProductPath, copy: Callable[[], np.ndarray], as_t: Tensor,
+                      b: np.ndarray, ids: np.ndarray, d: np.ndarray,
                       name: str) -> Callable[[], None]:
-    """The whole MUL_MAT_ID in one call of the kernels, from the experts' interleaved copy:
-    the pairs sorted by expert, each expert's rows multiplied at once, the rows put back."""
-    lib = kernels()
+    """The whole MUL_MAT_ID in one call of the kernels, from the experts' interleaved copy
+    (``copy`` gets it), the activations quantized to the integers ``path`` names: the pairs
+    sorted by expert, each expert's rows multiplied at once, the rows put back."""
     n_expert, m, k = as_t.ne[2], as_t.ne[1], as_t.ne[0]
     n_tokens, n_b, _ = b.shape
-    args = pack(int(as_t.type), 0, n_expert, m, k, b.ctypes.data, n_b, ids.ctypes.data,
-                ids.strides[0] // 4, n_tokens, ids.shape[1], d.ctypes.data, env.n_threads,
-                activation_bits(env))
-    mul_mat_id, where = lib.mul_mat_id_interleaved_packed, args.ctypes.data
+    args = MulMatIdInterleavedArguments(
+        type=int(as_t.type), p=0, n_expert=n_expert, M=m, K=k, b=b.ctypes.data, n_b=n_b,
+        ids=ids.ctypes.data, ids_stride=ids.strides[0] // 4, n_tokens=n_tokens,
+        n_used=ids.shape[1], d=d.ctypes.data, n_threads=env.n_threads,
+        bits=path.activation_bits)
+    mul_mat_id, where = kernels().mul_mat_id_interleaved_packed, args.address
 
     def run() -> None:
-        args[1] = copy().ctypes.data
+        args.p = copy().ctypes.data       # asked every call: the cache may have made it again
         status = mul_mat_id(where)
         if status == 3:                 # an expert id out of range: nothing written
             check_indices(np, ids.reshape(-1), n_expert, "mul_mat_id")
         if status != 0:
             raise AllocationError(f"{name}: no memory to sort {ids.size} rows by expert")
-    run.keep_alive = args
     return run

@@ -31,8 +31,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
-
 from polydev.env import env_int, env_text
 from polydev.errors import CompileError, ConfigError
 from polydev.kernel_build import compile_cached
@@ -61,23 +59,6 @@ def _entry(fn, argtypes: list, restype=None):
     return fn
 
 
-def pack(*args: int | None) -> np.ndarray:
-    """The integer arguments of a ``*_packed`` entry point (pointers, strides, sizes, flags, in
-    the unpacked C function's order; None is a NULL pointer) as one int64 array. A bound call
-    packs once and passes the array's address: ctypes converts one argument per call instead
-    of each of them (about 0.3 µs apiece). The caller keeps the array alive."""
-    return np.array([0 if a is None else int(a) for a in args], dtype=np.int64)
-
-
-def tensor_words(address: int, t) -> tuple[int, ...]:
-    """A tensor argument of a packed entry point (``pd_tensor`` in blocks.h, as the OpenCL
-    and CUDA kernels take theirs): the address of its first byte, then ``t.ne`` and
-    ``t.nb``; for an absent tensor (``t`` None) a NULL address, one element, no strides."""
-    if t is None:
-        return (0, 1, 1, 1, 1, 0, 0, 0, 0)
-    return (address, *t.ne, *t.nb)
-
-
 class NativeKernels:
     """The loaded library's entry points, with their C signatures declared; ``variant`` is
     its feature level, ``origin`` "installed" (built with the package) or "built" (by the
@@ -91,7 +72,7 @@ class NativeKernels:
                                       [_int, _ptr, _i64, _i64, _i64, _i64, _ptr, _int])
         self.f16_to_f32 = _entry(library.pd_f16_to_f32,
                                  [_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr])
-        # the packed entry points of bound calls (see ``pack``)
+        # the packed entry points of bound calls, each given its record's address (arguments.py)
         self.mul_mat_packed = _entry(library.pd_mul_mat_packed, [_ptr])
         self.flash_attn_f16_packed = _entry(library.pd_flash_attn_f16_packed, [_ptr, _f32, _f32])
         self.rope_f32_packed = _entry(library.pd_rope_f32_packed, [_ptr, _ptr, _ptr])
