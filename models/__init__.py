@@ -1,8 +1,10 @@
 """polydev's model layer: GGUF files, weights placed over devices, llama.cpp's tokenizers,
 and the models themselves (``polydev.models.load``).
 
-It uses only what ``polydev`` exports and asks the registry for devices; it never names a
-backend module (DESIGN.md). Needs the ``models`` extra (``pip install 'polydev[models]'``).
+It imports only the runtime (``polydev`` and its modules) and asks the registry for devices;
+it never names a backend module (docs/design.md, "Rooms and arrows";
+tests/test_import_directions.py keeps it). Needs the ``models`` extra
+(``pip install 'polydev[models]'``).
 """
 
 from .batch import Batch, UBatch

@@ -1,4 +1,5 @@
-"""Kernel tables: which ops a backend computes, and how it binds them (DESIGN decision 3).
+"""Kernel tables: which ops a backend computes, and how it binds them (docs/design.md,
+decision 3).
 
 A table maps a key (the op, or ``(Op.UNARY, fn)`` / ``(Op.GLU, fn)``) to a ``Kernel``: a type
 rule ``accepts(node)`` and ``bind(backend, node)``, which returns the call that computes the

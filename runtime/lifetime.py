@@ -1,6 +1,6 @@
-"""``Resource``: what every object that holds memory, a stream or an event shares (DESIGN
-decision 10): ``close()`` releases it once, ``with`` closes it, and using it afterwards raises
-``ClosedError`` naming it."""
+"""``Resource``: what every object that holds memory, a stream or an event shares
+(docs/design.md, decision 10): ``close()`` releases it once, ``with`` closes it, and using it
+afterwards raises ``ClosedError`` naming it."""
 
 from __future__ import annotations
 

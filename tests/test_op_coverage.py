@@ -1,4 +1,4 @@
-"""The CPU kernel table covers ggml's inference op set (test-backend-ops, reference 4.4)."""
+"""The CPU kernel table covers ggml's inference op set (the ops ggml's test-backend-ops covers)."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def test_a_record_refuses_a_node_of_another_op():
 
 
 def test_no_code_outside_the_catalogue_reads_op_params_by_position():
-    """DESIGN.md: the op catalogue alone says what an op's parameters mean."""
+    """docs/design.md, decision 1: the op catalogue alone says what an op's parameters mean."""
     catalogue = ROOT / "runtime" / "ops"
     found = []
     for folder in ("runtime", "backends", "models", "server", "tools", "bench"):

@@ -1,5 +1,5 @@
 """The CUDA backend's kernel table: its own kernels where they apply, else the array kernels
-shared with the CPU backend run through CuPy (DESIGN decision 4).
+shared with the CPU backend run through CuPy (docs/design.md, decision 4).
 
 The own kernels (cu/*.cu) bind to a ``Launcher``: the backend itself, or the CPU emulation in
 the tests. The array kernels bind to the backend's CuPy namespace (``backend.env``).
