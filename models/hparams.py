@@ -70,8 +70,9 @@ class HParams:
     n_layer_dense_lead: int = 0       # deepseek2: the first layers are dense
     n_lora_q: int = 0                 # multi-head latent attention: q and kv compression ranks
     n_lora_kv: int = 0
-    n_embd_head_k_mla: int = 0        # the head sizes before compression
-    n_embd_head_v_mla: int = 0
+    n_embd_head_k_mla: int = 0        # the head sizes decompressed (key/value_length_mla, or
+    n_embd_head_v_mla: int = 0        # key/value_length in the older form: _decompressed_heads)
+    is_mla: bool = False              # deepseek2 in llama.cpp's MLA form (attn_k_b, attn_v_b)
     embedding_scale: float = 0.0      # granite's multipliers (0: none)
     residual_scale: float = 0.0
     attention_scale: float = 0.0      # 0: 1/sqrt(head size)
@@ -112,9 +113,10 @@ class HParams:
 
     @property
     def v_in_k(self) -> bool:
-        """Whether the cache keeps no values of its own: multi-head latent attention's value
-        is the first ``n_lora_kv`` values of each cached key row (deepseek2)."""
-        return self.n_lora_kv > 0
+        """Whether the cache keeps no values of its own: in llama.cpp's MLA form a value is
+        the first ``n_lora_kv`` values of each cached key row (deepseek2; its older form
+        caches every head's K and V as other architectures do)."""
+        return self.is_mla
 
     def is_swa(self, il: int) -> bool:
         """Whether layer ``il`` attends over a sliding window."""
@@ -261,11 +263,32 @@ def _derive(values: dict[str, Any], spec: Architecture, f: GGUFFile,
     values["swa_layers"] = _swa_layers(f, spec, n_layer, values.get("sliding_window", 0))
     if spec.name == "deepseek2":      # the converter stores 0.1 * mscale_all_dim
         values["rope_yarn_log_mul"] = values.get("rope_yarn_log_mul", 0.0) / 0.1
+        values.update(_decompressed_heads(values, reader))
     values["n_ctx_orig"] = reader.read("rope.scaling.original_context_length", "int",
                                        values["n_ctx_train"])
     values.update(_rope_scaling(f, spec.name, reader, values))
     # build_moe_ffn's norm_w: the chosen experts' weights renormalised to sum 1
     values.setdefault("expert_weights_norm", spec.name in ("llama", "qwen3moe"))
+
+
+def _decompressed_heads(values: dict[str, Any], reader: _KeyReader) -> dict[str, Any]:
+    """deepseek2's form and its heads' sizes once decompressed, as llama.cpp's ``is_mla()``
+    and ``n_embd_head_k_mla()`` read them: with ``attention.key_length_mla`` and
+    ``value_length_mla`` the file is in the MLA form (its cache rows are compressed, and
+    these keys give the decompressed sizes); with neither (or 0) it is the older form with
+    ``attn_kv_b``, whose cache holds the decompressed heads themselves, so ``key_length``
+    and ``value_length`` are their sizes. One without the other is a ModelFileError."""
+    head_k, head_v = values["n_embd_head_k_mla"], values["n_embd_head_v_mla"]
+    if (head_k == 0) != (head_v == 0):
+        absent, given, size = (("value_length_mla", "key_length_mla", head_k) if head_k
+                               else ("key_length_mla", "value_length_mla", head_v))
+        raise reader.fail(f"attention.{absent}", f"is missing or 0 while {given} is {size}: "
+                          "llama.cpp's MLA form needs both, the older form (attn_kv_b) "
+                          "neither")
+    if head_k:
+        return dict(is_mla=True)
+    return dict(is_mla=False, n_embd_head_k_mla=values["n_embd_head_k"],
+                n_embd_head_v_mla=values["n_embd_head_v"])
 
 
 def _check(hp: HParams, spec: Architecture, reader: _KeyReader) -> None:

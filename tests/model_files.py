@@ -96,7 +96,8 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
     ``<arch>.attention.sliding_window_pattern`` (a number or one boolean per layer), ``keys``
     more ``<arch>.<name>`` keys (granite's multipliers, gemma2's soft-caps), written as bool,
     string, uint32 or float32 by their Python type. deepseek2's latent attention takes its
-    sizes from ``mla`` (``MLA``'s keys; ``q_lora_rank`` 0 for V2-Lite's plain q).
+    sizes from ``mla`` (``MLA``'s keys; ``q_lora_rank`` 0 for V2-Lite's plain q; ``kv_b``
+    for the older form with ``attn_kv_b`` in place of llama.cpp's MLA form).
     Its vocabulary is a SentencePiece one of bytes and made-up pieces (text tokenizes to
     about a token per character), or with ``tokenizer_of`` the tokenizer of that GGUF file
     (every ``tokenizer.`` key; its token count must be ``n_vocab``)."""
@@ -126,12 +127,7 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
         w.add_expert_feed_forward_length(n_ff)
     if arch == "deepseek2":
         mla = MLA | (mla or {})
-        w.add_head_count_kv(1)
-        w.add_key_length(mla["kv_lora_rank"] + mla["rope"])
-        w.add_value_length(mla["kv_lora_rank"])
-        w.add_rope_dimension_count(mla["rope"])
-        for name in ("q_lora_rank", "kv_lora_rank", "key_length_mla", "value_length_mla"):
-            w.add_uint32(f"deepseek2.attention.{name}", mla[name])
+        _mla_keys(w, n_head, mla)
         w.add_uint32("deepseek2.leading_dense_block_count", mla["dense"])
         w.add_uint32("deepseek2.expert_shared_count", 1)
     if arch == "qwen2moe":
@@ -237,13 +233,34 @@ def write_test_model(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: 
 
 
 MLA = dict(q_lora_rank=32, kv_lora_rank=32, rope=16, key_length_mla=48, value_length_mla=32,
-           dense=1, probs_bias=False)
+           dense=1, probs_bias=False, kv_b=False)
+
+
+def _mla_keys(w, n_head: int, mla: dict) -> None:
+    """deepseek2's head sizes as each form writes them: llama.cpp's MLA form caches one
+    compressed row per token (one kv head of kv_lora_rank + rope values) and gives the
+    decompressed sizes in ``key_length_mla``/``value_length_mla``; the older form (``kv_b``)
+    caches every head decompressed, so those are its key and value lengths."""
+    w.add_rope_dimension_count(mla["rope"])
+    for name in ("q_lora_rank", "kv_lora_rank"):
+        w.add_uint32(f"deepseek2.attention.{name}", mla[name])
+    if mla["kv_b"]:
+        w.add_head_count_kv(n_head)
+        w.add_key_length(mla["key_length_mla"])
+        w.add_value_length(mla["value_length_mla"])
+        return
+    w.add_head_count_kv(1)
+    w.add_key_length(mla["kv_lora_rank"] + mla["rope"])
+    w.add_value_length(mla["kv_lora_rank"])
+    for name in ("key_length_mla", "value_length_mla"):
+        w.add_uint32(f"deepseek2.attention.{name}", mla[name])
 
 
 def _mla_layers(matrix, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_expert: int,
                 mla: dict, f32) -> None:
-    """deepseek2's layers in llama.cpp's MLA form: latent attention, then a dense
-    feed-forward (the first ``dense`` layers) or experts with a shared expert."""
+    """deepseek2's layers in llama.cpp's MLA form (or the older one, ``kv_b``): latent
+    attention, then a dense feed-forward (the first ``dense`` layers) or experts with a
+    shared expert."""
     rank, rope, q_lora = mla["kv_lora_rank"], mla["rope"], mla["q_lora_rank"]
     head_k, head_v = mla["key_length_mla"], mla["value_length_mla"]
     for il in range(n_layer):
@@ -257,8 +274,11 @@ def _mla_layers(matrix, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_exp
             matrix(blk + "attn_q.weight", n_embd, n_head * head_k)
         matrix(blk + "attn_kv_a_norm.weight", rank, kind=f32)
         matrix(blk + "attn_kv_a_mqa.weight", n_embd, rank + rope)
-        matrix(blk + "attn_k_b.weight", head_k - rope, rank, n_head)
-        matrix(blk + "attn_v_b.weight", rank, head_v, n_head)
+        if mla["kv_b"]:
+            matrix(blk + "attn_kv_b.weight", rank, n_head * (head_k - rope + head_v))
+        else:
+            matrix(blk + "attn_k_b.weight", head_k - rope, rank, n_head)
+            matrix(blk + "attn_v_b.weight", rank, head_v, n_head)
         matrix(blk + "attn_output.weight", n_head * head_v, n_embd)
         matrix(blk + "ffn_norm.weight", n_embd, kind=f32)
         if il < mla["dense"]:
@@ -342,6 +362,14 @@ ARCH_CASES = {
                                         "expert_weights_norm": True,
                                         "expert_weights_scale": 2.5}),
     "deepseek2-lite": dict(arch="deepseek2", n_expert=4, mla=dict(q_lora_rank=0, dense=0)),
+    # the older form (attn_kv_b, full K and V heads cached), its v head unlike its k's non-rope
+    # part and the compression rank
+    "deepseek2-kvb": dict(arch="deepseek2", n_expert=4,
+                          mla=dict(kv_b=True, kv_lora_rank=64, value_length_mla=40),
+                          keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                "rope.scaling.original_context_length": 32,
+                                "rope.scaling.yarn_log_multiplier": 0.0707,
+                                "expert_weights_norm": True, "expert_weights_scale": 2.5}),
     "deepseek2-groups": dict(arch="deepseek2", n_expert=8,
                              mla=dict(probs_bias=True),
                              keys={"expert_gating_func": 2, "expert_group_count": 4,
@@ -359,7 +387,7 @@ ARCH_CASES = {
 named ``<arch>-<variant>``): ``write_test_model``'s arguments beyond ``arch_case_kwargs``'
 defaults, with hyperparameters unlike the real ones (grouped-query attention, head sizes
 unlike n_embd / n_head, biases, experts, sliding windows, soft-caps, granite's multipliers,
-YaRN, LongRoPE, grouped routing)."""
+YaRN, LongRoPE, grouped routing, deepseek2's two file forms)."""
 
 
 def arch_case_kwargs(case: str, weight_type: str) -> dict:

@@ -196,12 +196,15 @@ def test_phi3_chooses_its_rope_factors_by_the_padded_context(tmp_path):
 
 
 @pytest.mark.parametrize("cache", ["f32", "f16"])
-def test_deepseek2_moved_positions_turn_the_roped_part_of_its_rows(tmp_path_factory, cache):
-    """seq_add on deepseek2's compressed cache: only the roped values behind the compressed
-    kv turn, and the next tokens' logits are those of the unmoved sequence."""
+@pytest.mark.parametrize("case", ["deepseek2", "deepseek2-kvb"])
+def test_deepseek2_moved_positions_turn_the_roped_part_of_its_rows(tmp_path_factory, case,
+                                                                    cache):
+    """seq_add on deepseek2's cache in either form: only the roped values turn (behind the
+    compressed kv of each row in the MLA form, at the end of each head's key in the older
+    one), and the next tokens' logits are those of the unmoved sequence."""
     from polydev.models import Batch
 
-    path = _model(tmp_path_factory, "deepseek2", "F16")
+    path = _model(tmp_path_factory, case, "F16")
     ids = _tokens()
     with load(path, devices=[], n_ctx=64, type_k=cache, type_v=cache, progress=False) as m:
         m.eval(ids, all_logits=True)
@@ -240,5 +243,21 @@ def test_deepseek2_caches_one_compressed_row_per_token(tmp_path_factory):
         hp = m.hparams
         row = 2 * (hp.n_lora_kv + hp.n_rot)
         assert (hp.n_embd_head_k, hp.n_head_kv[0]) == (hp.n_lora_kv + hp.n_rot, 1)
+        assert m.kv.nbytes == hp.n_layer * m.kv.size * row
+        assert m.placement.usage["CPU"].kv_cache == m.kv.nbytes
+
+
+def test_deepseek2_older_form_caches_every_heads_k_and_v(tmp_path_factory):
+    """A file with attn_kv_b caches each head's decompressed K (its non-rope part and the
+    shared rope part) and V, as llama.cpp's cache without MLA; the placement's memory
+    estimate says the same."""
+    path = _model(tmp_path_factory, "deepseek2-kvb", "F16")
+    with load(path, devices=[], n_ctx=256, type_k="f16", type_v="f16", progress=False) as m:
+        hp = m.hparams
+        assert not hp.is_mla and not hp.v_in_k
+        assert (hp.n_embd_head_k, hp.n_embd_head_v) == (hp.n_embd_head_k_mla,
+                                                        hp.n_embd_head_v_mla)
+        assert hp.n_head_kv[0] == hp.n_head
+        row = 2 * hp.n_head * (hp.n_embd_head_k + hp.n_embd_head_v)
         assert m.kv.nbytes == hp.n_layer * m.kv.size * row
         assert m.placement.usage["CPU"].kv_cache == m.kv.nbytes

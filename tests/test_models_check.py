@@ -20,7 +20,7 @@ from polydev.models.gguf import GGUFFile  # noqa: E402
 from polydev.models.hparams import HParams  # noqa: E402
 from polydev.models.model_check import check_tensors  # noqa: E402
 
-from model_files import rewrite, write_test_model  # noqa: E402
+from model_files import arch_case_kwargs, rewrite, write_test_model  # noqa: E402
 
 U32 = gguf.GGUFValueType.UINT32
 
@@ -90,12 +90,65 @@ def test_a_wrong_model_is_one_typed_error(tmp_path, base, case):
         load(path, devices=[], n_ctx=64, progress=False)
 
 
+@pytest.fixture(scope="module")
+def kv_b_base(tmp_path_factory) -> Path:
+    """A deepseek2 in the older form (attn_kv_b): 4 heads, kv_lora_rank 64, k heads of 32
+    non-rope and 16 rope values, v heads of 40."""
+    return write_test_model(tmp_path_factory.mktemp("kvb") / "kvb.gguf",
+                            **arch_case_kwargs("deepseek2-kvb", "F16"))
+
+
+KV_B_CASES = {
+    "attn_kv_b of the wrong shape": (
+        dict(reshape={"blk.1.attn_kv_b.weight": (64, 4 * (48 + 40))}), ModelFileError,
+        r"tensor blk\.1\.attn_kv_b\.weight has shape \(64, 352\), expected \(64, 288\) "
+        r"\(n_lora_kv, n_head \* \(n_embd_head_k_mla - n_rot \+ n_embd_head_v_mla\): "
+        r"n_lora_kv 64, n_head 4, n_embd_head_v_mla 40, n_embd_head_k_mla 48, n_rot 16\)"),
+    "attn_kv_b missing": (dict(drop=["blk.0.attn_kv_b.weight"]), ModelFileError,
+                          r"required tensor blk\.0\.attn_kv_b\.weight is missing \(deepseek2's "
+                          r"k and v decompression \(the older form"),
+    "one kv head": (dict(keys={"deepseek2.attention.head_count_kv": (1, U32)}), ModelFileError,
+                    r"deepseek2: in the older form \(attn_kv_b, no attention\.key_length_mla\) "
+                    r"the cache holds every head's K and V: head_count_kv must equal "
+                    r"head_count"),
+    "key_length_mla without value_length_mla": (
+        dict(keys={"deepseek2.attention.key_length_mla": (48, U32)}), ModelFileError,
+        r"deepseek2\.attention\.value_length_mla is missing or 0 while key_length_mla is 48"),
+    "MLA keys over attn_kv_b": (
+        dict(keys={"deepseek2.attention.key_length_mla": (48, U32),
+                   "deepseek2.attention.value_length_mla": (40, U32)}), ModelFileError,
+        r"deepseek2: in llama\.cpp's MLA form \(attention\.key_length_mla set\) the cache "
+        r"holds one compressed row per token: head_count_kv must be 1"),
+    "no non-rope part": (dict(keys={"deepseek2.attention.key_length": (16, U32)}),
+                         ModelFileError, r"deepseek2: a decompressed k head .* must be longer "
+                                         r"than its rope part"),
+}
+"""deepseek2 files in the older form that are wrong, each told what is wrong."""
+
+
+@pytest.mark.parametrize("case", list(KV_B_CASES))
+def test_a_wrong_older_form_deepseek2_is_one_typed_error(tmp_path, kv_b_base, case):
+    changes, error, message = KV_B_CASES[case]
+    path = _broken(tmp_path, kv_b_base, **changes)
+    with pytest.raises(error, match=message):
+        load(path, devices=[], n_ctx=64, progress=False)
+
+
+def test_a_malformed_older_form_deepseek2_is_one_line_of_polydev_info(tmp_path, kv_b_base):
+    changes, _, message = KV_B_CASES["attn_kv_b of the wrong shape"]
+    _info_says_it_in_one_line(_broken(tmp_path, kv_b_base, **changes), message)
+
+
 @pytest.mark.parametrize("case", ["missing tensor", "empty name", "huge block_count",
                                   "unsupported architecture", "vocabulary shorter than the "
                                   "embedding"])
 def test_polydev_info_says_it_in_one_line(tmp_path, base, case):
     changes, _, message = CASES[case]
-    path = _broken(tmp_path, base, **changes)
+    _info_says_it_in_one_line(_broken(tmp_path, base, **changes), message)
+
+
+def _info_says_it_in_one_line(path: Path, message: str) -> None:
+    """``polydev info`` on ``path`` fails with one line on stderr that matches ``message``."""
     run = subprocess.run([sys.executable, "-m", "polydev.tools.cli", "info", "-m", str(path)],
                          check=False, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0

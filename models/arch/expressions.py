@@ -31,7 +31,8 @@ HPARAM_FIELDS = frozenset({
     "final_logit_softcap", "attn_logit_softcap", "expert_weights_norm", "expert_weights_scale",
     "expert_gating_func", "n_expert_shared", "n_expert_groups", "n_group_used",
     "n_layer_dense_lead", "n_lora_q", "n_lora_kv", "n_embd_head_k_mla", "n_embd_head_v_mla",
-    "embedding_scale", "residual_scale", "attention_scale", "logit_scale", "attn_temp_scale",
+    "is_mla", "embedding_scale", "residual_scale", "attention_scale", "logit_scale",
+    "attn_temp_scale",
 })
 """The fields of ``HParams`` (``models/hparams.py``): what a ``Key`` reads into. Written out
 here so that the tables import nothing of the model code (which imports them);

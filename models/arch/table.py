@@ -34,31 +34,47 @@ ROPE_IS_HEAD = ("n_rot == n_embd_head_k", "rope.dimension_count must equal the h
 DENSE_LEAD = "il < n_layer_dense_lead"
 MOE_LAYER = "il >= n_layer_dense_lead"
 # multi-head latent attention as llama.cpp converts it: q (optionally through a low-rank
-# compression), one compressed kv row plus the shared rope part per token, and per-head
-# matrices that absorb k's and recover v's decompression
-MLA = (TensorSpec("blk.{il}.attn_norm.weight", "n_embd", "MUL", "attention norm"),
-       TensorSpec("blk.{il}.attn_q_a_norm.weight", "n_lora_q", "MUL", "compressed q norm",
-                  when="n_lora_q > 0"),
-       TensorSpec("blk.{il}.attn_q_a.weight", "n_embd, n_lora_q", "MUL_MAT", "q compression",
-                  when="n_lora_q > 0"),
-       TensorSpec("blk.{il}.attn_q_b.weight", "n_lora_q, n_head * n_embd_head_k_mla", "MUL_MAT",
-                  "q decompression", when="n_lora_q > 0"),
-       TensorSpec("blk.{il}.attn_q.weight", "n_embd, n_head * n_embd_head_k_mla", "MUL_MAT",
-                  "q projection", when="n_lora_q == 0"),
-       TensorSpec("blk.{il}.attn_kv_a_norm.weight", "n_lora_kv", "MUL", "compressed kv norm"),
-       TensorSpec("blk.{il}.attn_kv_a_mqa.weight", "n_embd, n_lora_kv + n_rot", "MUL_MAT",
-                  "kv compression and the shared rope part of k"),
-       TensorSpec("blk.{il}.attn_k_b.weight", "n_embd_head_k_mla - n_rot, n_lora_kv, n_head",
-                  "MUL_MAT", "k decompression, absorbed into q"),
-       TensorSpec("blk.{il}.attn_v_b.weight", "n_lora_kv, n_embd_head_v_mla, n_head", "MUL_MAT",
-                  "v decompression"),
-       TensorSpec("blk.{il}.attn_output.weight", "n_head * n_embd_head_v_mla, n_embd", "MUL_MAT",
-                  "attention output projection"))
-MLA_FORM = ("n_head_kv == 1 and n_embd_head_k == n_lora_kv + n_rot and n_embd_head_v == n_lora_kv "
-            "and n_embd_head_k_mla > n_rot",
-            "the file is not in llama.cpp's MLA form (head_count_kv 1, key_length = "
-            "kv_lora_rank + rope.dimension_count, value_length = kv_lora_rank, key_length_mla > "
-            "rope.dimension_count); files with attn_kv_b are not supported")
+# compression), one compressed kv row plus the shared rope part of k per token, then each
+# head's k and v decompressed, in one of two forms (``is_mla``, from the keys): llama.cpp's
+# MLA form has per-head matrices that absorb k's decompression into q and recover v's
+# (attn_k_b, attn_v_b), the older form one matrix that decompresses both (attn_kv_b).
+# n_embd_head_k_mla and n_embd_head_v_mla are the decompressed heads' sizes in either form.
+MLA = "is_mla"
+KV_B = "not is_mla"
+LATENT_ATTENTION = (
+    TensorSpec("blk.{il}.attn_norm.weight", "n_embd", "MUL", "attention norm"),
+    TensorSpec("blk.{il}.attn_q_a_norm.weight", "n_lora_q", "MUL", "compressed q norm",
+               when="n_lora_q > 0"),
+    TensorSpec("blk.{il}.attn_q_a.weight", "n_embd, n_lora_q", "MUL_MAT", "q compression",
+               when="n_lora_q > 0"),
+    TensorSpec("blk.{il}.attn_q_b.weight", "n_lora_q, n_head * n_embd_head_k_mla", "MUL_MAT",
+               "q decompression", when="n_lora_q > 0"),
+    TensorSpec("blk.{il}.attn_q.weight", "n_embd, n_head * n_embd_head_k_mla", "MUL_MAT",
+               "q projection", when="n_lora_q == 0"),
+    TensorSpec("blk.{il}.attn_kv_a_norm.weight", "n_lora_kv", "MUL", "compressed kv norm"),
+    TensorSpec("blk.{il}.attn_kv_a_mqa.weight", "n_embd, n_lora_kv + n_rot", "MUL_MAT",
+               "kv compression and the shared rope part of k"),
+    TensorSpec("blk.{il}.attn_k_b.weight", "n_embd_head_k_mla - n_rot, n_lora_kv, n_head",
+               "MUL_MAT", "k decompression, absorbed into q (MLA form)", when=MLA),
+    TensorSpec("blk.{il}.attn_v_b.weight", "n_lora_kv, n_embd_head_v_mla, n_head", "MUL_MAT",
+               "v decompression (MLA form)", when=MLA),
+    TensorSpec("blk.{il}.attn_kv_b.weight",
+               "n_lora_kv, n_head * (n_embd_head_k_mla - n_rot + n_embd_head_v_mla)", "MUL_MAT",
+               "k and v decompression (the older form, without attention.key_length_mla)",
+               when=KV_B),
+    TensorSpec("blk.{il}.attn_output.weight", "n_head * n_embd_head_v_mla, n_embd", "MUL_MAT",
+               "attention output projection"))
+MLA_FORM = ("not is_mla or (n_head_kv == 1 and n_embd_head_k == n_lora_kv + n_rot and "
+            "n_embd_head_v == n_lora_kv)",
+            "in llama.cpp's MLA form (attention.key_length_mla set) the cache holds one "
+            "compressed row per token: head_count_kv must be 1, key_length kv_lora_rank + "
+            "rope.dimension_count and value_length kv_lora_rank")
+KV_B_FORM = ("is_mla or n_head_kv == n_head",
+             "in the older form (attn_kv_b, no attention.key_length_mla) the cache holds every "
+             "head's K and V: head_count_kv must equal head_count")
+NOPE_PART = ("n_embd_head_k_mla > n_rot",
+             "a decompressed k head (attention.key_length_mla, or key_length in the older form) "
+             "must be longer than its rope part (rope.dimension_count)")
 # YaRN's settings that some architectures read (llama.cpp's deepseek2 and mistral3)
 YARN_KEYS = (Key("rope.scaling.yarn_log_multiplier", "rope_yarn_log_mul", "float", 0.0),
              Key("rope.scaling.yarn_beta_fast", "yarn_beta_fast", "float", 32.0),
@@ -142,16 +158,17 @@ _ALL = (
           keys=(Key("expert_feed_forward_length", "n_ff_exp"),
                 Key("attention.sliding_window", "sliding_window"), SWA_KEYS[1]),
           swa_pattern=2, requires=(HAS_EXPERTS, ROPE_IS_HEAD)),
-    _arch("deepseek2", "DeepSeek-V2, V2-Lite, V2.5 (multi-head latent attention)", "norm",
-          head() + MLA + ffn_norm() + ffn(DENSE_LEAD) + experts(when=MOE_LAYER)
+    _arch("deepseek2", "DeepSeek-V2, V2-Lite, V2.5 (multi-head latent attention, "
+          "MLA or attn_kv_b files)", "norm",
+          head() + LATENT_ATTENTION + ffn_norm() + ffn(DENSE_LEAD) + experts(when=MOE_LAYER)
           + (TensorSpec("blk.{il}.exp_probs_b.bias", "n_expert", "ADD",
                         "experts' selection bias", required=False, when=MOE_LAYER),)
           + shared_expert("n_ff_exp * n_expert_shared", when=MOE_LAYER),
           keys=(Key("leading_dense_block_count", "n_layer_dense_lead", "int", 0),
                 Key("attention.q_lora_rank", "n_lora_q", "int", 0),
                 Key("attention.kv_lora_rank", "n_lora_kv"),
-                Key("attention.key_length_mla", "n_embd_head_k_mla"),
-                Key("attention.value_length_mla", "n_embd_head_v_mla"),
+                Key("attention.key_length_mla", "n_embd_head_k_mla", "int", 0),
+                Key("attention.value_length_mla", "n_embd_head_v_mla", "int", 0),
                 Key("expert_feed_forward_length", "n_ff_exp"),
                 Key("expert_shared_count", "n_expert_shared"),
                 Key("expert_weights_scale", "expert_weights_scale", "float", 0.0),
@@ -159,7 +176,7 @@ _ALL = (
                 Key("expert_gating_func", "expert_gating_func", "int", 1),
                 Key("expert_group_count", "n_expert_groups", "int", 0),
                 Key("expert_group_used_count", "n_group_used", "int", 0)) + YARN_KEYS,
-          requires=(HAS_EXPERTS, MLA_FORM,
+          requires=(HAS_EXPERTS, MLA_FORM, KV_B_FORM, NOPE_PART,
                     ("expert_gating_func in (0, 1, 2)", "expert_gating_func must be 1 "
                      "(softmax) or 2 (sigmoid)"))),
     _arch("mistral3", "Ministral 3, Mistral Small 3 (text)", "norm",
