@@ -4,9 +4,10 @@ The tokenizer and model tests compare polydev with what llama.cpp gives for a fe
 one prompt: its token ids, its ten best logits after the prompt, and its greedy continuation.
 ``records(name)`` asks the installed oracle for them the first time (a few seconds per model)
 and keeps them as JSON in ``.test-data/llama-cpp/``, under a name of everything they depend on:
-the model, llama-cpp-python's version, the model file's sha256 and the recipe below. A new
-llama-cpp-python, another file or a changed recipe records again; nothing outside the
-repository is read.
+the model, llama-cpp-python's version, the model file's sha256, the recipe below and this
+file's own text. A new llama-cpp-python, another file, a changed recipe or recording code
+records again; nothing outside the repository is read. llama.cpp runs in a process of its own
+(``llama_process``: in the test process its ggml may be ggml-python's).
 
 The recipe is the one of the outputs first recorded with llama-cpp-python 0.3.36: CPU, two
 threads; ``tokenize(text, add_bos=True, special=True)``; greedy decoding (the best logit at each
@@ -26,6 +27,7 @@ import numpy as np
 
 from polydev.files import write_atomic
 
+import llama_process
 from model_files import model_path
 from needs import llama_cpp
 
@@ -55,8 +57,8 @@ def records(name: str) -> dict:
         cached = CACHE / f"{name}.{_key(oracle.__version__, path)}.json"
         try:
             _RECORDS[name] = json.loads(cached.read_text(encoding="utf-8"))["models"][name]
-        except FileNotFoundError:
-            _RECORDS[name] = _record(oracle, name, path, cached)
+        except (FileNotFoundError, ValueError, KeyError):     # none yet, or not whole
+            _RECORDS[name] = _record(oracle.__version__, name, path, cached)
     return _RECORDS[name]
 
 
@@ -66,28 +68,35 @@ def _key(version: str, path: Path) -> str:
     with open(path, "rb") as f:
         while block := f.read(1 << 24):
             digest.update(block)
-    recipe = json.dumps(RECIPE, sort_keys=True).encode()
+    recipe = json.dumps(RECIPE, sort_keys=True).encode() + Path(__file__).read_bytes()
     return (f"llama-cpp-python-{version}.{digest.hexdigest()[:16]}."
             f"{hashlib.sha256(recipe).hexdigest()[:8]}")
 
 
-def _record(oracle: Any, name: str, path: Path, cached: Path) -> dict:
+def _record(version: str, name: str, path: Path, cached: Path) -> dict:
     """Ask llama.cpp, and keep its answers in ``cached`` (written whole or not at all: two
     test processes may record at once)."""
     log.info("recording llama.cpp's outputs on %s into %s", name, cached)
-    llm = oracle.Llama(str(path), n_ctx=RECIPE["n_ctx"], n_threads=RECIPE["n_threads"],
-                       logits_all=True, verbose=False)
-    try:
-        model = {"tokenize": {text: _tokenize(llm, text) for text in TEXTS},
-                 "generate": [_generate(oracle, llm, PROMPT)]}
-    finally:
-        llm.close()
-    about = (f"llama.cpp's outputs (llama-cpp-python {oracle.__version__}, CPU) on {path}, "
+    model = llama_process.in_child(_outputs, str(path))
+    about = (f"llama.cpp's outputs (llama-cpp-python {version}, CPU) on {path}, "
              f"recorded by tests/llama_oracle.py")
     CACHE.mkdir(parents=True, exist_ok=True)
     write_atomic(cached, json.dumps({"about": about, "recipe": RECIPE, "models": {name: model}},
                                     ensure_ascii=False, indent=1))
     return model
+
+
+def _outputs(path: str) -> dict:
+    """What the recipe asks of llama.cpp on the model at ``path`` (in llama_process's child)."""
+    import llama_cpp as oracle
+
+    llm = oracle.Llama(path, n_ctx=RECIPE["n_ctx"], n_threads=RECIPE["n_threads"],
+                       logits_all=True, verbose=False)
+    try:
+        return {"tokenize": {text: _tokenize(llm, text) for text in TEXTS},
+                "generate": [_generate(oracle, llm, PROMPT)]}
+    finally:
+        llm.close()
 
 
 def _tokenize(llm: Any, text: str) -> list[int]:

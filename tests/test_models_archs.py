@@ -27,7 +27,8 @@ from polydev.models import load  # noqa: E402
 from polydev.models.arch import supported  # noqa: E402
 
 from model_files import ARCH_CASES, arch_case_kwargs, write_test_model  # noqa: E402
-from needs import llama_cpp, opencl_mark  # noqa: E402
+import llama_process  # noqa: E402
+from needs import opencl_mark  # noqa: E402
 
 TOLERANCE = 0.01                # of llama.cpp's largest logit
 CUDA = [d for d in polydev.devices() if d.reg is not None and d.reg.name == "CUDA"]
@@ -76,15 +77,7 @@ def dequantized_twin(path: Path) -> Path:
 
 def _llama_cpp_logits(path, ids: list[int], n_ctx: int = 64) -> np.ndarray:
     """llama.cpp's logits of the prompt's every position, then of each decode step."""
-    llm = llama_cpp().Llama(str(path), n_ctx=n_ctx, n_threads=2, logits_all=True,
-                            verbose=False)
-    try:
-        llm.eval(ids[:N_PROMPT])
-        for t in ids[N_PROMPT:]:
-            llm.eval([t])
-        return np.asarray(llm.scores[:len(ids)], dtype=np.float64)
-    finally:
-        llm.close()
+    return llama_process.logits(path, [ids[:N_PROMPT]] + [[t] for t in ids[N_PROMPT:]], n_ctx)
 
 
 def _polydev_logits(path, ids: list[int], devices, n_ctx: int = 64,

@@ -13,9 +13,10 @@ pytest.importorskip("regex")
 from polydev.errors import GGUFError, InvalidArgumentError  # noqa: E402
 from polydev.models import load  # noqa: E402
 
+import llama_process  # noqa: E402
 import reference_models  # noqa: E402
 from llama_oracle import PROMPT, records  # noqa: E402
-from needs import OPENCL, llama_cpp, opencl_devices, opencl_mark  # noqa: E402
+from needs import OPENCL, opencl_devices, opencl_mark  # noqa: E402
 from model_files import GEMMA3, SMOLLM2, gguf_reader, model_path, write_test_model  # noqa: E402
 
 needs_opencl = opencl_mark()
@@ -158,16 +159,10 @@ def test_gemma3_sliding_window_patterns_against_llama_cpp(tmp_path, n_layer, pat
     (1e-3 of the largest logit here, as on gemma3's default pattern; reading the pattern
     wrongly differs by 0.86). Pattern 1 (no sliding layer) is ours alone: llama.cpp aborts on
     a file with a window and no sliding layer."""
-    llama = llama_cpp()
     path = write_test_model(tmp_path / "m.gguf", arch="gemma3", head_dim=32, sliding_window=4,
                             n_layer=n_layer, weight_type="F16", swa_pattern=pattern)
     ids = tokens_for(12, seed=5)
-    llm = llama.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
-    try:
-        llm.eval(ids)
-        theirs = np.asarray(llm.scores[:len(ids)])
-    finally:
-        llm.close()
+    theirs = llama_process.logits(path, [ids])
     with load(path, devices=[], n_ctx=64, progress=False) as m:
         m.eval(ids, all_logits=True)
         ours = m.logits()
@@ -361,13 +356,7 @@ NOISE = 0.35     # measured distance of llama.cpp's CPU logits from exact arithm
 def _llama_cpp_margins(name: str, g: dict) -> np.ndarray:
     """llama.cpp's margin between its two best tokens at each step of its greedy path (its
     own logits): whether llama.cpp itself chose there by less than its rounding noise."""
-    llm = llama_cpp().Llama(str(model_path(name)), n_ctx=512, n_threads=2, logits_all=True,
-                          verbose=False)
-    try:
-        ids = g["prompt_ids"] + g["greedy_ids"]
-        llm.eval(ids)
-        scores = np.asarray(llm.scores[len(g["prompt_ids"]) - 1:len(ids) - 1])
-    finally:
-        llm.close()
+    ids = g["prompt_ids"] + g["greedy_ids"]
+    scores = llama_process.logits(model_path(name), [ids], n_ctx=512)[len(g["prompt_ids"]) - 1:-1]
     top2 = np.sort(scores, axis=1)[:, -2:]
     return top2[:, 1] - top2[:, 0]
