@@ -158,7 +158,8 @@ class BatchEngine:
     def submit(self, prompt: Sequence[int], on_event: Callable[[Event], None], *,
                max_tokens: int = 128, params: SamplingParams | None = None,
                stops: Sequence[str] = ()) -> Handle:
-        """Queue a request for ``prompt`` (token ids); its events go to ``on_event``."""
+        """Queue a request for ``prompt`` (token ids); its events go to ``on_event``.
+        ``stops``: strings that end the text (one string is one stop, not its characters)."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise InvalidArgumentError("the prompt has no tokens")
@@ -172,7 +173,8 @@ class BatchEngine:
         if bad:
             raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary "
                                        f"[0, {n_vocab})")
-        handle = Handle(prompt, max_tokens, params or SamplingParams(), tuple(stops), on_event)
+        stops = (stops,) if isinstance(stops, str) else tuple(stops)
+        handle = Handle(prompt, max_tokens, params or SamplingParams(), stops, on_event)
         with self._wake:
             free_slots = sum(s.handle is None for s in self.slots)
             if len(self._queue) >= self.max_queued + free_slots:
@@ -191,9 +193,7 @@ class BatchEngine:
 
     def snapshot(self) -> EngineSnapshot:
         """The slots, queue, counters and cache now (any thread: each figure is read once)."""
-        slots = tuple(SlotState(s.seq_id, s.handle is not None, len(s.cached),
-                                s.generated if s.handle is not None else 0)
-                      for s in self.slots)
+        slots = tuple(_slot_state(s) for s in self.slots)
         cells = self.model.memory.cells
         return EngineSnapshot(slots, len(self._queue), sum(s.processing for s in slots),
                               self.prompt_tokens, self.generated_tokens, cells.used, cells.size)
@@ -277,8 +277,25 @@ class BatchEngine:
                     yield event
         finally:
             if not finished:
-                handle.cancel()
-                self._drop_cancelled()
+                self._cancel_now(handle)
+
+    def release(self, seq_id: int) -> bool:
+        """End the request that holds slot ``seq_id`` now ("cancelled"): its slot is free, and
+        its cache keeps what was read. False when no request held it."""
+        handle = self.slots[seq_id].handle
+        if handle is not None:
+            self._cancel_now(handle)
+        return handle is not None
+
+    def _cancel_now(self, handle: Handle) -> None:
+        """Cancel ``handle`` and free its slot at once; cells a step left unrecorded (Ctrl-C
+        between evaluating a batch and recording it) are forgotten, so the slot's tokens are
+        what its sequence holds."""
+        handle.cancel()
+        for slot in self.slots:
+            if slot.handle is handle:
+                self.model.kv.cells.seq_rm(slot.seq_id, len(slot.cached))
+        self._drop_cancelled()
 
     def adopt(self, seq_id: int, tokens: Sequence[int]) -> None:
         """Tell the engine that sequence ``seq_id`` of the cache holds ``tokens`` (evaluated
@@ -339,8 +356,6 @@ class BatchEngine:
             slot.sampler.accept(t)
         slot.utf8, slot.stop = Utf8Stream(), StopMatcher(handle.stops)
         slot.generated, slot.cached_prompt, slot.first_token = 0, keep, None
-        if handle.max_tokens == 0:
-            self._finish(slot, "length")
 
     # --- the batch --------------------------------------------------------------------------
 
@@ -417,6 +432,9 @@ class BatchEngine:
     # --- sampling ---------------------------------------------------------------------------
 
     def _sample(self, slot: _Slot, logits: np.ndarray) -> None:
+        if slot.handle.max_tokens == 0:     # the prompt is read and cached, nothing sampled
+            self._finish(slot, "length")
+            return
         token = slot.sampler.sample(logits)
         if slot.first_token is None:
             slot.first_token = time.perf_counter() - slot.handle.submitted
@@ -455,6 +473,12 @@ class BatchEngine:
         slot.handle, slot.pending, slot.next_token, slot.unsent = None, [], None, []
         handle.on_event(Finished(reason, len(handle.prompt), slot.generated, slot.cached_prompt,
                                  slot.first_token, error))
+
+
+def _slot_state(slot: _Slot) -> SlotState:
+    handle = slot.handle                   # read once: the model's thread may change it
+    return SlotState(slot.seq_id, handle is not None, len(slot.cached),
+                     slot.generated if handle is not None else 0)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

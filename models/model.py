@@ -143,8 +143,9 @@ class Model(Resource):
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, *,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 seed: int | None = None, stop: Sequence[str] = (), add_special: bool = True,
-                 parse_special: bool = False, keep_context: bool = False) -> Iterator[str]:
+                 seed: int | None = None, stop: str | Sequence[str] = (),
+                 add_special: bool = True, parse_special: bool = False,
+                 keep_context: bool = False) -> Iterator[str]:
         """Text pieces of the continuation of ``prompt`` (text, or token ids), streamed as they
         are generated; stops at an end-of-generation token, at a ``stop`` string (not
         shown) or after ``max_tokens``. ``temperature=0`` is greedy. The context starts over
@@ -159,19 +160,21 @@ class Model(Resource):
             raise InvalidArgumentError("the prompt has no tokens")
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
-        return self._generate(ids, max_tokens, params, tuple(stop), keep_context)
+        return self._generate(ids, max_tokens, params, stop, keep_context)
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  stops: tuple[str, ...], keep_context: bool) -> Iterator[str]:
+                  stops: str | Sequence[str], keep_context: bool) -> Iterator[str]:
         self._check_open()
-        if self.kv.edits != self._edits:    # memory.seq_* changed sequence 0 behind our back
+        if self._engine.release(0):         # a generation left open ends here, where it was
+            self.tokens, self._edits = self._engine.cached(0), self.kv.edits
+        elif self.kv.edits != self._edits:  # memory.seq_* changed sequence 0 behind our back
             self.tokens = []
         prompt = self.tokens + ids if keep_context else ids
         self._engine.adopt(0, self.tokens)
         self.generated, self._logits = [], None
+        events = self._engine.stream(prompt, max_tokens=max_tokens, params=params, stops=stops)
         try:
-            for event in self._engine.stream(prompt, max_tokens=max_tokens, params=params,
-                                             stops=stops):
+            for event in events:
                 if isinstance(event, Piece):
                     self.generated += event.tokens
                     if event.text:
@@ -179,6 +182,7 @@ class Model(Resource):
                 elif event.error is not None:
                     raise event.error
         finally:
+            events.close()
             self.tokens, self._edits = self._engine.cached(0), self.kv.edits
 
     def _prompt_ids(self, prompt: str | Sequence[int], add_special: bool,
@@ -188,7 +192,7 @@ class Model(Resource):
         return [int(t) for t in prompt]
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, *,
-                       n_parallel: int | None = None, stop: Sequence[str] = (),
+                       n_parallel: int | None = None, stop: str | Sequence[str] = (),
                        add_special: bool = True, parse_special: bool = False,
                        **sampling: Any) -> list[str]:
         """The continuations of several prompts, generated together by continuous batching

@@ -408,6 +408,30 @@ def test_generate_is_the_engine_with_one_sequence(engine_model):
         assert "".join(m.generate(ids, 12, temperature=0)) == want
 
 
+def test_a_generation_left_open_ends_where_the_next_begins(engine_model):
+    """A generator that is neither finished nor closed does not hold sequence 0: the next
+    generate ends it (resuming it then finds it ended) and starts from what it left."""
+    ids = tokens_for(10, 24)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        want = "".join(m.generate(ids, 10, temperature=0))
+        left_open = m.generate(ids, 10, temperature=0)
+        next(left_open)
+        assert "".join(m.generate(ids, 10, temperature=0)) == want
+        assert list(left_open) == []
+        assert m.memory.seq_pos_max(0) + 1 == len(m.tokens) > len(ids)
+
+
+def test_no_tokens_asked_reads_the_prompt_and_a_stop_string_is_whole(engine_model):
+    ids = tokens_for(10, 25)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        assert list(m.generate(ids, 0)) == [] and m.generated == []
+        assert m.tokens == ids and m.memory.seq_pos_max(0) + 1 == len(ids)
+        want = "".join(m.generate(ids, 12, temperature=0))
+        stop = want[3:6]                    # a string of three characters, not three stops
+        stopped = "".join(m.generate(ids, 12, temperature=0, stop=stop))
+        assert stopped == want[:want.index(stop)]
+
+
 def test_an_interrupted_generation_leaves_the_context_whole(engine_model, monkeypatch):
     """Ctrl-C inside a step (polydev run) rolls the step back: the context is what the cache
     holds, and generating again gives what it gave before."""
