@@ -155,8 +155,8 @@ def attention(s: StepGraph, w: Weights, il: int, x: Tensor, *, rope_mode: int,
         k = norm(s, k, w.layer(il, "attn_k_norm"), hp.rms_eps)
     if use_rope:
         rope = rope_params(hp, rope_mode, freq_base, hp.head_dim_rot, rope_scaling)
-        q = ops.rope_ext(ctx, q, s.positions(), rope_freqs, **rope)
-        k = ops.rope_ext(ctx, k, s.positions(), rope_freqs, **rope)
+        q = ops.rope_ext(ctx, q, s.positions, rope_freqs, **rope)
+        k = ops.rope_ext(ctx, k, s.positions, rope_freqs, **rope)
         s.key_rope[il] = KeyRope(rope_freqs, rope)  # what a K-shift turns the cached keys by
     if q_factor is not None:
         q = ops.mul(ctx, q, q_factor)

@@ -55,19 +55,27 @@ class StepGraph:
         self._mask_rows = np.empty((n, n_kv), dtype=np.float16)     # filled, then written
         self.out_ids = (ctx.new_tensor(GGMLType.I32, [shape.n_outputs], name="inp_out_ids")
                         .set_input() if shape.n_outputs < n else None)
+        # what RoPE turns q and k by
+        self.positions: Tensor | None = ctx.new_tensor(GGMLType.I32, [n],
+                                                       name="inp_pos").set_input()
+        # Llama 4's attention temperature tuning (mistral3): one factor per token for its q
+        self.attn_scale: Tensor | None = ctx.new_tensor(GGMLType.F32, [1, 1, n],
+                                                        name="attn_scale").set_input()
         self.key_rope: dict[int, KeyRope] = {}      # filled by layers.attention
-        # inputs some models never read, made when the builder first asks for them (a
-        # granite without RoPE reads no positions, only mistral3 a temperature)
-        self._positions: Tensor | None = None       # made by positions()
-        self.attn_scale: Tensor | None = None       # made by attn_temperature()
         self.logits: Tensor = build(self).set_output()
         self.graph: Graph = build_graph(self.logits)
-        # An input no node reads gets no memory, so it is never written: a gemma3 whose
-        # layers all slide reads no global mask, one with no sliding layer no window mask.
+        self._drop_unread_inputs()
+
+    def _drop_unread_inputs(self) -> None:
+        """An input no node reads gets no memory, so it must never be written: a granite
+        without RoPE reads no positions, only mistral3 a temperature, a gemma3 whose layers
+        all slide no global mask, one with no sliding layer no window mask."""
         read = {id(t) for t in self.graph.leafs}
-        self.mask = self.mask if id(self.mask) in read else None
-        if self.mask_swa is not None and id(self.mask_swa) not in read:
-            self.mask_swa = None
+
+        def kept(t: Tensor | None) -> Tensor | None:
+            return t if t is not None and id(t) in read else None
+        self.positions, self.attn_scale = kept(self.positions), kept(self.attn_scale)
+        self.mask, self.mask_swa = kept(self.mask), kept(self.mask_swa)
 
     def set_inputs(self, ub: UBatch, cells: np.ndarray) -> None:
         """Fill the inputs for ``ub``, whose tokens the cache has placed in ``cells``; call
@@ -76,8 +84,8 @@ class StepGraph:
         Each input is written as raw bytes of its exact type and size (``tensor_set``): at
         decode, Tensor.set_data's conversions and checks were most of this step's time."""
         tensor_set(self.tokens, ub.tokens)
-        if self._positions is not None:
-            tensor_set(self._positions, ub.positions)
+        if self.positions is not None:
+            tensor_set(self.positions, ub.positions)
         tensor_set(self.cells, cells)
         kv_cells, n_kv = self.kv.cells, self.shape.n_kv
         if self.mask is not None:
@@ -90,22 +98,6 @@ class StepGraph:
             tensor_set(self.out_ids, ub.outputs)
         if self.attn_scale is not None:
             tensor_set(self.attn_scale, attn_temperature_scale(ub.positions, self.hp))
-
-    def positions(self) -> Tensor:
-        """The tokens' positions, I32 [n_tokens], what RoPE turns q and k by (an input of
-        this step, made on the first call)."""
-        if self._positions is None:
-            self._positions = self.ctx.new_tensor(GGMLType.I32, [self.shape.n_tokens],
-                                                  name="inp_pos").set_input()
-        return self._positions
-
-    def attn_temperature(self) -> Tensor:
-        """Llama 4's attention temperature tuning, one F32 factor per token for its q,
-        [1, 1, n_tokens] (an input of this step, filled from the positions)."""
-        if self.attn_scale is None:
-            self.attn_scale = self.ctx.new_tensor(GGMLType.F32, [1, 1, self.shape.n_tokens],
-                                                  name="attn_scale").set_input()
-        return self.attn_scale
 
     def mask_for(self, il: int) -> Tensor:
         """The attention mask of layer ``il``."""

@@ -123,7 +123,7 @@ def _queries(s: StepGraph, w: Weights, il: int,
     q_rope = ops.cont(ctx, ctx.view_3d(q, n_rot, n_head, n_tokens, q.nb[1], q.nb[2],
                                        q.traits.row_size(n_nope)))
     rope = rope_params(hp, RopeMode.NORMAL, hp.rope_freq_base, n_rot)
-    return q_nope, ops.rope_ext(ctx, q_rope, s.positions(), None, **rope), rope
+    return q_nope, ops.rope_ext(ctx, q_rope, s.positions, None, **rope), rope
 
 
 def _compressed_kv(s: StepGraph, w: Weights, il: int, x: Tensor,
@@ -136,5 +136,5 @@ def _compressed_kv(s: StepGraph, w: Weights, il: int, x: Tensor,
     compressed = ops.cont(ctx, ctx.view_2d(kv, rank, n_tokens, kv.nb[1], 0))
     k_rope = ops.cont(ctx, ctx.view_3d(kv, n_rot, 1, n_tokens, kv.nb[1], kv.nb[1],
                                        kv.traits.row_size(rank)))
-    k_rope = ops.rope_ext(ctx, k_rope, s.positions(), None, **rope)
+    k_rope = ops.rope_ext(ctx, k_rope, s.positions, None, **rope)
     return norm(s, compressed, w.layer(il, "attn_kv_a_norm"), hp.rms_eps), k_rope

@@ -14,4 +14,4 @@ from ..step import StepGraph
 def build(s: StepGraph, w: Weights) -> Tensor:
     return pre_norm_decoder(s, w, rope_mode=RopeMode.NORMAL, rope_freqs=w.get("rope_freqs"),
                             use_moe=s.hp.n_expert > 0,
-                            q_factor=s.attn_temperature() if s.hp.attn_temp_scale else None)
+                            q_factor=s.attn_scale if s.hp.attn_temp_scale else None)
