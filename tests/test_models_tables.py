@@ -92,6 +92,11 @@ MISTAKES = {
                r"demo: .*'max\(n_embd, 2\)' is not a number, a name or arithmetic"),
     "an attribute": (dict(tensors=_tensor("n_embd.real")), r"demo: .*'n_embd\.real' is not"),
     "text": (dict(tensors=_tensor(when="arch == 'llama'")), r"demo: .*'llama' is not a number"),
+    "a comparison as a dimension": (dict(tensors=_tensor("n_embd > 0")),
+                                    r"demo: .*'n_embd > 0' is not a number, a name or "
+                                    r"arithmetic of them$"),
+    "in something not a tuple": (dict(tensors=_tensor(when="n_expert in n_embd")),
+                                 r"demo: .*'in' takes a tuple of numbers"),
     "a key read into no field": (dict(keys=(Key("expert_count", "n_experts"),)),
                                  r"demo: key 'expert_count' is read into 'n_experts', which is "
                                  r"no field of HParams"),
@@ -100,6 +105,10 @@ MISTAKES = {
     "a default of no field": (dict(keys=(Key("rope.freq_base_swa", "rope_freq_base_swa",
                                              "float", "=rope_base"),)),
                               r"demo: key 'rope\.freq_base_swa' defaults to 'rope_base'"),
+    "a default read later": (dict(keys=(Key("rope.freq_base_swa", "rope_freq_base_swa",
+                                            "float", "=rope_freq_base"),
+                                        Key("rope.freq_base", "rope_freq_base", "float"))),
+                             r"defaults to 'rope_freq_base', which no key read before it"),
     "an alternative of no tensor": (dict(tensors=_tensor(unless="attn_qkvv")),
                                     r"demo: .*alternative 'attn_qkvv' is no tensor of demo"),
 }

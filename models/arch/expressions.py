@@ -2,8 +2,9 @@
 expressions over the hyperparameters (``"n_embd, n_ff"``, ``"n_expert > 0"``), checked when a
 table entry is made and evaluated against ``HParams.symbols(il)``.
 
-Checked means the text parses, uses only numbers, arithmetic, comparisons, ``and``/``or``/
-``not`` and a tuple of numbers after ``in``, and names only ``SYMBOLS``: a typo in a table
+Checked means the text parses, uses only numbers and arithmetic (a shape's dimensions) or also
+comparisons, ``and``/``or``/``not`` and a tuple of numbers after ``in`` (a condition), and
+names only ``SYMBOLS``: a typo in a table
 raises as the table is imported, naming the architecture and the expression, not when a model
 of that architecture first loads. The expressions are this package's own constants, never
 text from a file.
@@ -46,7 +47,6 @@ SYMBOLS = HPARAM_FIELDS | PER_LAYER
 """Every name an expression may use."""
 
 _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
-_UNARY = (ast.USub, ast.Not)
 _MEMBERSHIP = (ast.In, ast.NotIn)
 
 
@@ -74,7 +74,7 @@ def evaluate_shape(text: str, symbols: Mapping[str, Any]) -> tuple[int, ...]:
 
 def names(text: str) -> list[str]:
     """The names ``text`` uses, each once, in order (for messages that show their values)."""
-    found = [node.id for node in ast.walk(ast.parse(text, mode="eval"))
+    found = [node.id for node in ast.walk(ast.parse(text.strip(), mode="eval"))
              if isinstance(node, ast.Name)]
     return sorted(set(found), key=found.index)
 
@@ -93,14 +93,40 @@ def _checked_tree(text: str, shape: bool) -> ast.Expression:
     body = tree.body
     if shape:
         for dim in body.elts if isinstance(body, ast.Tuple) else [body]:
-            _check_node(dim)
+            _check_arithmetic(dim)
     else:
-        _check_node(body)
+        _check_condition(body)
     return tree
 
 
-def _check_node(node: ast.AST) -> None:
-    """One node of an expression and everything under it, or an InvalidArgumentError."""
+def _check_condition(node: ast.AST) -> None:
+    """A condition: arithmetic, or comparisons and and/or/not of it (``in`` a tuple)."""
+    match node:
+        case ast.BoolOp(values=values):
+            for value in values:
+                _check_condition(value)
+        case ast.UnaryOp(op=ast.Not(), operand=operand):
+            _check_condition(operand)
+        case ast.Compare(left=left, ops=ops, comparators=comparators):
+            _check_arithmetic(left)
+            for op, right in zip(ops, comparators):
+                if isinstance(op, _MEMBERSHIP):
+                    _check_tuple(right)
+                else:
+                    _check_arithmetic(right)
+        case _:
+            _check_arithmetic(node, "a comparison or and/or/not of them")
+
+
+def _check_tuple(node: ast.AST) -> None:
+    if not isinstance(node, ast.Tuple):
+        raise InvalidArgumentError(f"{ast.unparse(node)!r}: 'in' takes a tuple of numbers")
+    for item in node.elts:
+        _check_arithmetic(item)
+
+
+def _check_arithmetic(node: ast.AST, or_else: str = "") -> None:
+    """A number: names, numbers and arithmetic of them, or an InvalidArgumentError."""
     match node:
         case ast.Name(id=name):
             if name not in SYMBOLS:
@@ -109,22 +135,13 @@ def _check_node(node: ast.AST) -> None:
             if not isinstance(value, (bool, int, float)):
                 raise InvalidArgumentError(f"{value!r} is not a number")
         case ast.BinOp(left=left, op=op, right=right) if isinstance(op, _ARITHMETIC):
-            _check_node(left)
-            _check_node(right)
-        case ast.UnaryOp(op=op, operand=operand) if isinstance(op, _UNARY):
-            _check_node(operand)
-        case ast.BoolOp(values=values):
-            for value in values:
-                _check_node(value)
-        case ast.Compare(left=left, ops=ops, comparators=comparators):
-            _check_node(left)
-            for op, right in zip(ops, comparators):
-                is_set = isinstance(op, _MEMBERSHIP) and isinstance(right, ast.Tuple)
-                for item in right.elts if is_set else [right]:
-                    _check_node(item)
+            _check_arithmetic(left)
+            _check_arithmetic(right)
+        case ast.UnaryOp(op=ast.USub(), operand=operand):
+            _check_arithmetic(operand)
         case _:
             raise InvalidArgumentError(f"{ast.unparse(node)!r} is not a number, a name or "
-                                       "arithmetic, a comparison or and/or/not of them")
+                                       f"arithmetic of them{', ' + or_else if or_else else ''}")
 
 
 def _did_you_mean(name: str) -> str:

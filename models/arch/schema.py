@@ -121,8 +121,10 @@ class Architecture:
     requires: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        read: set[str] = set()             # the fields of the keys read before each one
         for key in self.keys:
-            self._check_key(key)
+            self._check_key(key, read)
+            read.add(key.field)
         for spec in self.tensors:
             self._check_tensor(spec)
         for condition, _ in self.requires:
@@ -135,7 +137,7 @@ class Architecture:
                 return spec
         raise KeyError(f"{self.name} has no tensor {short!r}")
 
-    def _check_key(self, key: Key) -> None:
+    def _check_key(self, key: Key, read: set[str]) -> None:
         where = f"{self.name}: key {key.name!r}"
         if key.field not in HPARAM_FIELDS:
             raise InvalidArgumentError(f"{where} is read into {key.field!r}, which is no field "
@@ -144,9 +146,9 @@ class Architecture:
             raise InvalidArgumentError(f"{where} has kind {key.kind!r}; the kinds are "
                                        f"{', '.join(KEY_KINDS)}")
         if isinstance(key.default, str) and key.default.startswith("=") and (
-                key.default[1:] not in HPARAM_FIELDS):
-            raise InvalidArgumentError(f"{where} defaults to {key.default[1:]!r}, which is no "
-                                       "field of HParams")
+                key.default[1:] not in read):
+            raise InvalidArgumentError(f"{where} defaults to {key.default[1:]!r}, which no key "
+                                       "read before it fills")
 
     def _check_tensor(self, spec: TensorSpec) -> None:
         where = f"{self.name}: tensor {spec.name}'s"

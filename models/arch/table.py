@@ -178,7 +178,7 @@ _ALL = (
                 Key("expert_group_used_count", "n_group_used", "int", 0)) + YARN_KEYS,
           requires=(HAS_EXPERTS, MLA_FORM, KV_B_FORM, NOPE_PART,
                     ("expert_gating_func in (0, 1, 2)", "expert_gating_func must be 1 "
-                     "(softmax) or 2 (sigmoid)"))),
+                     "(softmax), 2 (sigmoid) or 0 (unset: softmax)"))),
     _arch("mistral3", "Ministral 3, Mistral Small 3 (text)", "norm",
           head() + qkv(out_bias=True) + rope_factors() + ffn_norm() + ffn() + ffn_biases(),
           keys=(Key("attention.temperature_scale", "attn_temp_scale", "float", 0.0),)
