@@ -16,6 +16,9 @@ from typing import Iterator
 
 __all__ = ["replacing", "write_atomic"]
 
+_UMASK = os.umask(0o022)        # read once (the only way to read it is to set it), then put back
+os.umask(_UMASK)
+
 
 @contextmanager
 def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
@@ -26,6 +29,7 @@ def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)
     tmp = Path(name)
+    os.chmod(tmp, 0o666 & ~_UMASK)      # a plain new file's mode, not mkstemp's owner-only one
     try:
         yield tmp
         os.replace(tmp, path)

@@ -34,3 +34,12 @@ def test_a_writer_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
             raise ValueError("checksum did not match")
     assert target.read_bytes() == b"whole"
     assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]
+
+
+def test_a_written_file_has_the_mode_a_plain_new_file_would(tmp_path):
+    """Readable by others as the umask allows (a cache filled by one user, read by another),
+    not mkstemp's owner-only mode."""
+    write_atomic(tmp_path / "model.gguf", b"weights")
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    assert (tmp_path / "model.gguf").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
