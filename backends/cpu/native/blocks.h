@@ -56,7 +56,8 @@ static inline int block_bytes(int type) {
 
 /* A tensor argument, as the OpenCL and CUDA kernels take theirs (TENSOR(t) in their common
  * headers): the address of its first byte, ne[4] and nb[4] in ggml's layout (bytes). In a
- * packed argument array it is TENSOR_WORDS int64 in that order (native.tensor_words). */
+ * packed argument array it is TENSOR_WORDS int64 in that order (native/arguments.py's
+ * TensorWords). */
 typedef struct {
     uint8_t *data;
     int64_t ne[4], nb[4];
