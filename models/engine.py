@@ -389,11 +389,13 @@ class BatchEngine:
         sequences' next tokens do not fit, the longest one ends ("length"). When nothing
         decodes and no prompt chunk fits, the prompt read last goes back to the queue."""
         cells = self.model.kv.cells
-        if cells.free < n_decoding + (1 if reading else 0):
-            for slot in self.slots:
-                if slot.handle is None and slot.cached:
-                    self.model.kv.seq_rm(slot.seq_id)
-                    slot.cached = []
+        free = cells.free           # counted once: a decode step's common case changes nothing
+        if free >= n_decoding + (1 if reading else 0):
+            return free
+        for slot in self.slots:
+            if slot.handle is None and slot.cached:
+                self.model.kv.seq_rm(slot.seq_id)
+                slot.cached = []
         while cells.free < n_decoding:
             longest = max((s for s in self.slots if s.next_token is not None and s.handle),
                           key=lambda s: len(s.cached))
