@@ -17,6 +17,8 @@ from polydev.buffer import BufferType, tensor_get_2d, tensor_set_2d
 from polydev.errors import (AllocationError, ClosedError, NotAllocatedError, OutOfBoundsError,
                             ShapeError, UnsupportedError)
 
+from resident import mapping_resident_bytes
+
 
 def test_zero_size_buffer_is_a_dummy(cpu):
     buf = cpu.alloc_buffer(0)
@@ -267,19 +269,6 @@ def test_dropping_pages_leaves_memory_that_is_not_a_read_only_file_alone(cpu, tm
             assert np.all(buf.host_array == value)
 
 
-def _mapping_resident_bytes(address: int) -> int:
-    """Rss of the mapping that starts at ``address`` (/proc/self/smaps)."""
-    current = None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                current = int(head.split("-")[0], 16)
-            elif head == "Rss:" and current == address:
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping at {address:#x}")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
 def test_a_replaced_weight_leaves_memory_again_after_enough_rows_are_read(cpu, tmp_path):
     """A tied token embedding: the products use a copy, GET_ROWS still reads rows of the file,
@@ -295,12 +284,12 @@ def test_a_replaced_weight_leaves_memory_again_after_enough_rows_are_read(cpu, t
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     with cpu.device.buffer_from_host_ptr(mapping) as buf:
         address = buf.host_array.ctypes.data
-        assert buf.host_array.sum() == data.sum() and _mapping_resident_bytes(address) == size
+        assert buf.host_array.sum() == data.sum() and mapping_resident_bytes(address) == size
         buf.replaced_by_copy(0, size)
-        assert _mapping_resident_bytes(address) == 0
+        assert mapping_resident_bytes(address) == 0
         assert buf.host_array.sum() == data.sum()            # read back: resident again
         buf.rows_read(0, size, REDROP_ROWS - 1)
         buf.rows_read(0, mmap.PAGESIZE, REDROP_ROWS)        # a range no copy replaced
-        assert _mapping_resident_bytes(address) == size
+        assert mapping_resident_bytes(address) == size
         buf.rows_read(0, size, 1)
-        assert _mapping_resident_bytes(address) == 0
+        assert mapping_resident_bytes(address) == 0

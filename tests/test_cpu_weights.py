@@ -16,24 +16,13 @@ from polydev import Context, GGMLType, tensor_alloc
 from polydev.backends.cpu import weights
 from polydev.backends.cpu.weights import WeightCache
 
+from resident import mapping_resident_bytes
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="madvise and /proc/self/smaps are Linux's")
 
 ROW_BYTES = mmap.PAGESIZE       # a row a page: a step's pages are its rows'
 STEP_ROWS = 32
-
-
-def _mapping_resident_bytes(address: int) -> int:
-    """Rss of the mapping that starts at ``address`` (/proc/self/smaps)."""
-    current = None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                current = int(head.split("-")[0], 16)
-            elif head == "Rss:" and current == address:
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping at {address:#x}")
 
 
 @pytest.fixture
@@ -80,7 +69,7 @@ def test_each_step_of_a_replacement_drops_the_pages_it_copied(file_weight, monke
     # (after these, the buffer's own drop of the whole range)
     assert events[:len(expected) + 1] == expected + [("replaced_by_copy", 0, data.size)]
     assert np.array_equal(copy, data)
-    assert _mapping_resident_bytes(address) == 0          # none of the file is held
+    assert mapping_resident_bytes(address) == 0          # none of the file is held
     made = len(events)
     assert get() is copy and len(events) == made and cache.nbytes == data.size     # kept
 

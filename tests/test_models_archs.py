@@ -189,12 +189,12 @@ def test_phi3_chooses_its_rope_factors_by_the_padded_context(tmp_path):
 
 
 @pytest.mark.parametrize("cache", ["f32", "f16"])
-@pytest.mark.parametrize("case", ["deepseek2", "deepseek2-kvb"])
-def test_deepseek2_moved_positions_turn_the_roped_part_of_its_rows(tmp_path_factory, case,
-                                                                    cache):
-    """seq_add on deepseek2's cache in either form: only the roped values turn (behind the
-    compressed kv of each row in the MLA form, at the end of each head's key in the older
-    one), and the next tokens' logits are those of the unmoved sequence."""
+@pytest.mark.parametrize("case", ["deepseek2", "deepseek2-kvb", "granite-nope"])
+def test_moved_positions_turn_only_the_roped_values(tmp_path_factory, case, cache):
+    """seq_add moves a sequence on, and the next tokens' logits are those of the unmoved one:
+    only the roped values of the cache turn (deepseek2's behind the compressed kv of each row
+    in the MLA form, at the end of each head's key in the older one), and a model without
+    RoPE (granite with rope.scaling.finetuned false) has none to turn."""
     from polydev.models import Batch
 
     path = _model(tmp_path_factory, case, "F16")
@@ -206,26 +206,9 @@ def test_deepseek2_moved_positions_turn_the_roped_part_of_its_rows(tmp_path_fact
         m.eval(ids[:N_PROMPT])
         m.memory.seq_add(0, 0, -1, 9)
         got = m.decode(Batch().add_sequence(ids[N_PROMPT:], 0, logits="all"))
+        assert not m.memory.cells.has_shift and m.memory.seq_pos_max(0) == len(ids) + 8
     tolerance = {"f32": 1e-4, "f16": 5e-3}[cache]
     np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max())
-
-
-def test_moved_positions_without_rope_change_nothing(tmp_path_factory):
-    """A model without RoPE (granite with rope.scaling.finetuned false) has no keys to turn:
-    seq_add moves the positions, and the next tokens' logits are the unmoved sequence's."""
-    from polydev.models import Batch
-
-    path = _model(tmp_path_factory, "granite-nope", "F16")
-    ids = _tokens()
-    with load(path, devices=[], n_ctx=64, type_k="f32", type_v="f32", progress=False) as m:
-        m.eval(ids, all_logits=True)
-        want = m.logits()[N_PROMPT:]
-        m.reset()
-        m.eval(ids[:N_PROMPT])
-        m.memory.seq_add(0, 0, -1, 9)
-        got = m.decode(Batch().add_sequence(ids[N_PROMPT:], 0, logits="all"))
-        assert not m.memory.cells.has_shift and m.memory.seq_pos_max(0) == len(ids) + 8
-    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
 
 
 def test_deepseek2_caches_one_compressed_row_per_token(tmp_path_factory):
