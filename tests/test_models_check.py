@@ -82,14 +82,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_a_wrong_model_is_one_typed_error(tmp_path, base, case):
-    changes, error, message = CASES[case]
-    path = _broken(tmp_path, base, **changes)
-    with pytest.raises(error, match=message):
-        load(path, devices=[], n_ctx=64, progress=False)
-
-
 @pytest.fixture(scope="module")
 def kv_b_base(tmp_path_factory) -> Path:
     """A deepseek2 in the older form (attn_kv_b): 4 heads, kv_lora_rank 64, k heads of 32
@@ -126,10 +118,12 @@ KV_B_CASES = {
 """deepseek2 files in the older form that are wrong, each told what is wrong."""
 
 
-@pytest.mark.parametrize("case", list(KV_B_CASES))
-def test_a_wrong_older_form_deepseek2_is_one_typed_error(tmp_path, kv_b_base, case):
-    changes, error, message = KV_B_CASES[case]
-    path = _broken(tmp_path, kv_b_base, **changes)
+@pytest.mark.parametrize("base_file, case", [("base", case) for case in CASES]
+                         + [("kv_b_base", case) for case in KV_B_CASES])
+def test_a_wrong_model_is_one_typed_error(tmp_path, request, base_file, case):
+    """Each case broken from its base file (a llama, or deepseek2's older form)."""
+    changes, error, message = (CASES if base_file == "base" else KV_B_CASES)[case]
+    path = _broken(tmp_path, request.getfixturevalue(base_file), **changes)
     with pytest.raises(error, match=message):
         load(path, devices=[], n_ctx=64, progress=False)
 
