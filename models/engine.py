@@ -157,7 +157,7 @@ class BatchEngine:
 
     def submit(self, prompt: Sequence[int], on_event: Callable[[Event], None], *,
                max_tokens: int = 128, params: SamplingParams | None = None,
-               stops: Sequence[str] = ()) -> Handle:
+               stops: str | Sequence[str] = ()) -> Handle:
         """Queue a request for ``prompt`` (token ids); its events go to ``on_event``.
         ``stops``: strings that end the text (one string is one stop, not its characters)."""
         prompt = [int(t) for t in prompt]
@@ -256,7 +256,7 @@ class BatchEngine:
 
     def stream(self, prompt: Sequence[int], *, max_tokens: int = 128,
                params: SamplingParams | None = None,
-               stops: Sequence[str] = ()) -> Iterator[Event]:
+               stops: str | Sequence[str] = ()) -> Iterator[Event]:
         """Submit a request and step the engine on this thread until it ends, yielding its
         events as they come (the last one is its ``Finished``). Leaving the loop early (a
         consumer that stops, Ctrl-C) cancels the request and frees its slot."""
