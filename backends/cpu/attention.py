@@ -21,6 +21,7 @@ from polydev.types import GGMLType
 
 from .native import kernels, loaded_kernels
 from .native.arguments import FlashAttnArguments, TensorWords, address_of
+from .replay import CallCode, replayable
 
 F16, F32 = GGMLType.F16, GGMLType.F32
 
@@ -55,4 +56,4 @@ def bind_native_flash_attn(env, node: Tensor) -> Callable[[], None]:
     def run() -> None:
         run_kernel(where, scale, softcap)
     run.keep_alive = (args, slopes)           # their memory outlives the bound call
-    return run
+    return replayable(run, CallCode.FLASH_ATTN, args, f0=scale, f1=softcap)

@@ -12,7 +12,7 @@ from typing import ContextManager
 import numpy as np
 
 from polydev.backends.array import TABLE as NUMPY_TABLE
-from polydev.device import Backend
+from polydev.device import Backend, GraphPlan
 from polydev.errors import InvalidArgumentError
 from polydev.kernels import KernelTable
 from polydev.numerics import check_numerics
@@ -20,6 +20,7 @@ from polydev.tensor import Tensor
 
 from .env import NumpyEnv
 from .native import kernels as native_kernels
+from .replay import ReplayPlan
 
 # What a stream computes with: the compiled kernels where they apply (the default), or the
 # numpy kernels alone (the reference ``polydev compare --reference numpy`` checks them against).
@@ -70,6 +71,17 @@ class CPUBackend(Backend):
         if self._numpy_only:
             return NUMPY_TABLE.find(op) is not None
         return super().supports_op(op)
+
+    def _graph_plan_create(self, graph) -> GraphPlan:
+        plan = super()._graph_plan_create(graph)
+        return plan if self._numpy_only else ReplayPlan(self, graph, plan.calls)
+
+    def _graph_plan_compute(self, plan: GraphPlan) -> None:
+        if not isinstance(plan, ReplayPlan):
+            super()._graph_plan_compute(plan)
+            return
+        with self._compute_scope():
+            plan.compute()
 
     def _compute_scope(self) -> ContextManager:
         return np.errstate(all="ignore")     # -inf masks and overflowing exps are expected

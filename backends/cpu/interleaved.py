@@ -43,3 +43,19 @@ def interleaved_copy(env, w: Tensor) -> Callable[[], np.ndarray] | None:
         lib.interleave(type_id, rows.ctypes.data + r0 * row_bytes, row_bytes, n, k,
                        out.ctypes.data + lib.interleaved_bytes(type_id, r0, k), n_threads)
     return cache.replacement(w, "interleaved", size, interleave, INTERLEAVE_GROUP)
+
+
+def copy_address_setter(env, weight: Tensor, copy: Callable[[], np.ndarray],
+                        args) -> Callable[[], bool]:
+    """A replay's prepare of a call that reads ``weight``'s cached copy (``copy`` gets it) at
+    ``args.p``: asks the cache only when the cache or the weight's buffer changed since it
+    last did; True when it did (it may have made the copy, and evicted another)."""
+    cache, buffer, seen = env.weight_cache, weight.buffer, [None]
+
+    def prepare() -> bool:
+        if seen[0] == (cache.version, buffer.generation):
+            return False
+        args.p = copy().ctypes.data
+        seen[0] = (cache.version, buffer.generation)
+        return True
+    return prepare

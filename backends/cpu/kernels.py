@@ -8,6 +8,7 @@ from polydev.ops import GluOp, Op
 from polydev.backends.array import KERNELS, TABLE
 
 from .attention import bind_native_flash_attn, native_flash_attn_ok
+from .binary import bind_native_binary, native_binary_ok
 from .blas import product_macs, sized_for_blas
 from .get_rows import bind_native_get_rows, native_get_rows_ok
 from .glu import bind_native_glu, native_glu_ok
@@ -39,4 +40,6 @@ CPU_TABLE = KernelTable({
     Op.ROPE: Kernel(native_rope_ok, bind_native_rope),
     Op.RMS_NORM: Kernel(native_rms_norm_ok, bind_native_rms_norm),
     Op.SET_ROWS: Kernel(native_set_rows_ok, bind_native_set_rows),
+    Op.ADD: Kernel(native_binary_ok, bind_native_binary),
+    Op.MUL: Kernel(native_binary_ok, bind_native_binary),
 }, target=lambda backend: backend.env, fallback=_NUMPY_PRODUCTS)

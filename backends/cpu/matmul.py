@@ -24,10 +24,11 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
 from .blas import product_macs, sized_for_blas
-from .interleaved import interleaved_copy
+from .interleaved import copy_address_setter, interleaved_copy
 from .native import kernels, loaded_kernels
 from .native.arguments import MulMatArguments, MulMatInterleavedArguments
 from .product_path import ProductPath, product_path
+from .replay import CallCode, replayable
 
 TILE_BYTES = 1 << 20     # float32 bytes of one decoded tile (larger tiles ran prompts no faster)
 
@@ -57,20 +58,20 @@ def bind_native_mul_mat(env, node: Tensor) -> Callable[[], None]:
         return sized_for_blas(bind_mul_mat(env, node), product_macs(node))
     name = f"MUL_MAT {node.name or '<unnamed>'}"
     if path.interleaved:
-        return _bind_interleaved(env, path, copy, int(w.type), m, k, x, y, name)
+        return _bind_interleaved(env, path, w, copy, m, k, x, y, name)
     return bind_product(env, path, int(w.type), env.rows(w).ctypes.data, w.nb[1], m, k, x, y,
                         name)
 
 
-def _bind_interleaved(env, path: ProductPath, copy: Callable[[], np.ndarray], type_id: int,
+def _bind_interleaved(env, path: ProductPath, weight: Tensor, copy: Callable[[], np.ndarray],
                       m: int, k: int, x: np.ndarray, y: np.ndarray,
                       name: str) -> Callable[[], None]:
-    """y = x W^T from W's interleaved copy (``copy`` gets it; W is m x k values of ggml type
-    ``type_id``), the activations quantized to the integers ``path`` names; x and y float32
-    rows with unit element stride."""
+    """y = x W^T from the interleaved copy of ``weight`` (``copy`` gets it; m x k values),
+    the activations quantized to the integers ``path`` names; x and y float32 rows with unit
+    element stride."""
     n_rows, bits = x.shape[0], path.activation_bits
     args = MulMatInterleavedArguments(
-        type=type_id, p=0, M=m, K=k, x=x.ctypes.data, x_stride=x.strides[0] // 4,
+        type=int(weight.type), p=0, M=m, K=k, x=x.ctypes.data, x_stride=x.strides[0] // 4,
         n_rows=n_rows, y=y.ctypes.data, y_stride=y.strides[0] // 4, n_threads=env.n_threads,
         bits=bits)
     mul_mat, where = kernels().mul_mat_interleaved_packed, args.address
@@ -80,7 +81,9 @@ def _bind_interleaved(env, path: ProductPath, copy: Callable[[], np.ndarray], ty
         if mul_mat(where) != 0:
             raise AllocationError(f"{name}: no memory for the int{bits} copy of {n_rows} x {k} "
                                   f"activations")
-    return from_interleaved
+    return replayable(from_interleaved, CallCode.MUL_MAT_INTERLEAVED, args,
+                      prepare=copy_address_setter(env, weight, copy, args))
+
 
 
 def bind_product(env, path: ProductPath, type_id: int, w_ptr: int, w_stride: int, m: int,
@@ -107,7 +110,7 @@ def _bind_blocks(args: MulMatArguments) -> Callable[[], None]:
     def from_blocks() -> None:
         mul_mat(where)
     from_blocks.keep_alive = args         # the kernel reads the record's memory
-    return from_blocks
+    return replayable(from_blocks, CallCode.MUL_MAT, args)
 
 
 def _bind_int16(args: MulMatArguments, name: str) -> Callable[[], None]:
@@ -120,7 +123,7 @@ def _bind_int16(args: MulMatArguments, name: str) -> Callable[[], None]:
             raise AllocationError(f"{name}: no memory for the int16 copy of {rows} x {k} "
                                   f"activations and the unpacked weights")
     from_integers.keep_alive = args
-    return from_integers
+    return replayable(from_integers, CallCode.MUL_MAT_INT16, args)
 
 
 def _bind_tiles(env, type_id: int, w_ptr: int, w_stride: int, m: int, k: int, x: np.ndarray,

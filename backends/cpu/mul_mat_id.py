@@ -21,11 +21,12 @@ from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .interleaved import interleaved_copy
+from .interleaved import copy_address_setter, interleaved_copy
 from .matmul import bind_product
 from .native import kernels, loaded_kernels
 from .native.arguments import MulMatIdInterleavedArguments
 from .product_path import ProductPath, product_path
+from .replay import CallCode, replayable
 
 
 def native_mul_mat_id_ok(node: Tensor) -> bool:
@@ -95,4 +96,5 @@ def _bind_interleaved(env, path: ProductPath, copy: Callable[[], np.ndarray], as
             check_indices(np, ids.reshape(-1), n_expert, "mul_mat_id")
         if status != 0:
             raise AllocationError(f"{name}: no memory to sort {ids.size} rows by expert")
-    return run
+    return replayable(run, CallCode.MUL_MAT_ID_INTERLEAVED, args,
+                      prepare=copy_address_setter(env, as_t, copy, args))

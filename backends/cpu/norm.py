@@ -16,6 +16,7 @@ from polydev.ops import NormParams
 
 from .native import kernels, loaded_kernels
 from .native.arguments import RmsNormArguments, TensorWords
+from .replay import CallCode, replayable
 
 
 def native_rms_norm_ok(node: Tensor) -> bool:
@@ -36,4 +37,4 @@ def bind_native_rms_norm(env, node: Tensor) -> Callable[[], None]:
     def run() -> None:
         rms_norm(where, eps)
     run.keep_alive = args
-    return run
+    return replayable(run, CallCode.RMS_NORM, args, f0=eps)

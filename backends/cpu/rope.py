@@ -20,6 +20,7 @@ from polydev.types import GGMLType
 
 from .native import kernels, loaded_kernels
 from .native.arguments import RopeArguments, TensorWords
+from .replay import CallCode, replayable
 
 
 def native_rope_ok(node: Tensor) -> bool:
@@ -59,4 +60,10 @@ def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
         _, _, cos, sin = env.memo(key, inputs, angles)
         rope(where, cos, sin)
     run.keep_alive = args
-    return run
+
+    def set_angles() -> bool:
+        """The replay's prepare: this step's angle tables, beside the record."""
+        record = run.native.record
+        _, _, record.p0, record.p1 = env.memo(key, inputs, angles)
+        return False
+    return replayable(run, CallCode.ROPE, args, prepare=set_angles)

@@ -17,6 +17,7 @@ from polydev.types import TYPE_TRAITS, GGMLType
 
 from .native import kernels, loaded_kernels
 from .native.arguments import SetRowsArguments, TensorWords
+from .replay import CallCode, replayable
 
 _DST_TYPES = (GGMLType.F32, GGMLType.F16)
 
@@ -42,4 +43,4 @@ def bind_native_set_rows(env, node: Tensor) -> Callable[[], None]:
         if set_rows(where):
             checked()
     run.keep_alive = args
-    return run
+    return replayable(run, CallCode.SET_ROWS, args)

@@ -46,6 +46,9 @@ class WeightCache:
         self.nbytes = 0
         self._entries: OrderedDict[tuple, tuple[int, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
+        # bumped by every store, eviction and drop: a holder of an entry's address (a replayed
+        # plan, replay.py) whose version is unchanged holds an entry still in the cache
+        self.version = 0
 
     @property
     def budget(self) -> int:
@@ -86,10 +89,12 @@ class WeightCache:
         with self._lock:
             for key in [k for k in self._entries if k[0] == buffer.uid]:
                 self.nbytes -= self._entries.pop(key)[1].nbytes
+            self.version += 1
 
     def _store(self, key: tuple, generation: int, values: np.ndarray) -> None:
         budget = self.budget
         with self._lock:
+            self.version += 1
             old = self._entries.pop(key, None)
             if old is not None:
                 self.nbytes -= old[1].nbytes
@@ -108,6 +113,7 @@ class WeightCache:
         with self._lock:
             self._entries.clear()
             self.nbytes = 0
+            self.version += 1
 
 
 def copy_replacing(t: Tensor, nbytes: int, copy_rows: Callable[[np.ndarray, int, int], None],

@@ -86,7 +86,10 @@ class NativeKernels:
         self.interleave = _entry(library.pd_interleave,
                                  [_int, _ptr, _i64, _i64, _i64, _ptr, _int], _int)
         self.interleaved_bytes = _entry(library.pd_interleaved_bytes, [_int, _i64, _i64], _i64)
-        self.swiglu_f32_packed = _entry(library.pd_swiglu_f32_packed, [_ptr])
+        self.glu_f32_packed = _entry(library.pd_glu_f32_packed, [_ptr])
+        self.binary_f32_packed = _entry(library.pd_binary_f32_packed, [_ptr])
+        # a run of bound calls (replay.c): the table's address, the first and the end index
+        self.replay = _entry(library.pd_replay, [_ptr, _i64, _i64], _i64)
         self.get_rows_f32 = _entry(library.pd_get_rows_f32,
                                    [_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64], _i64)
         int16_product_of = _entry(library.pd_int16_product_of, [_int], _int)

@@ -22,8 +22,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 __all__ = ["PackedArguments", "TensorWords", "address_of", "MulMatArguments",
-           "MulMatInterleavedArguments", "MulMatIdInterleavedArguments", "SwigluArguments",
-           "RopeArguments", "RmsNormArguments", "SetRowsArguments", "FlashAttnArguments"]
+           "MulMatInterleavedArguments", "MulMatIdInterleavedArguments", "GluArguments",
+           "RopeArguments", "RmsNormArguments", "SetRowsArguments", "FlashAttnArguments",
+           "BinaryArguments"]
 
 _word = ctypes.c_int64
 _four_words = ctypes.c_int64 * 4
@@ -90,11 +91,12 @@ class MulMatIdInterleavedArguments(PackedArguments):
                       "n_tokens", "n_used", "d", "n_threads", "bits")
 
 
-class SwigluArguments(PackedArguments):
-    """d = silu(x) * g over rows, strides in floats (glu.c)."""
+class GluArguments(PackedArguments):
+    """d = act(x) * g over rows, act SWIGLU's silu or GEGLU's gelu by ``fn``, strides in
+    floats (glu.c)."""
 
-    C_FUNCTIONS = ("pd_swiglu_f32",)
-    _fields_ = _words("x", "xs", "g", "gs", "d", "ds", "n_rows", "n", "n_threads")
+    C_FUNCTIONS = ("pd_glu_f32",)
+    _fields_ = _words("fn", "x", "xs", "g", "gs", "d", "ds", "n_rows", "n", "n_threads")
 
 
 class RopeArguments(PackedArguments):
@@ -128,3 +130,11 @@ class FlashAttnArguments(PackedArguments):
     _fields_ = [("q", TensorWords), ("k", TensorWords), ("v", TensorWords),
                 ("mask", TensorWords), ("out", TensorWords),
                 *_words("lo", "hi", "slopes", "sinks", "n_threads")]
+
+
+class BinaryArguments(PackedArguments):
+    """ADD or MUL of float32 rows, b one row for all where ``b_stride`` is 0 (binary.c)."""
+
+    C_FUNCTIONS = ("pd_binary_f32",)
+    _fields_ = _words("op", "a", "a_stride", "b", "b_stride", "d", "d_stride", "n_rows", "n",
+                      "n_threads")

@@ -1,0 +1,147 @@
+"""A CPU plan's bound calls replayed from C, a run of compiled calls at a time.
+
+A plan binds each node's kernel once and replays the calls every step; from Python each call
+costs about 1.5 µs of interpreter and ctypes time, 5% of a 1B-class model's decode step and
+more of a smaller one's. A binder whose call is one compiled entry point marks it
+``native`` (``replayable``): its kernel's code, its argument record, the floats beside the
+record and, where some argument changes between steps, a ``prepare`` that rewrites it before
+each replay. The plan groups consecutive marked calls into a ``NativeRun``, which runs the
+prepares and then every call in one ``pd_replay`` (native/replay.c); an unmarked call (a numpy
+kernel, a call with Python bookkeeping) runs as before, between runs.
+
+A call whose status is not 0 (no scratch memory, a bad row index) stops the replay there; its
+Python call then does it again, raising the error that status stands for (or finishing it, as
+SET_ROWS does for fp16 without F16C), and the replay goes on after it. The kernels write their
+results from their sources, so doing a call again is harmless.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from enum import IntEnum
+from typing import Callable
+
+from polydev.device import GraphPlan
+
+from .native import kernels
+
+Prepare = Callable[[], bool]
+
+
+class CallCode(IntEnum):
+    """The kernel a replayed call runs (``PD_CALL_*`` in native/replay.c)."""
+
+    MUL_MAT = 0
+    MUL_MAT_INT16 = 1
+    MUL_MAT_INTERLEAVED = 2
+    MUL_MAT_ID_INTERLEAVED = 3
+    ROPE = 4
+    RMS_NORM = 5
+    SET_ROWS = 6
+    FLASH_ATTN = 7
+    GLU = 8
+    BINARY = 9
+
+
+class CallRecord(ctypes.Structure):
+    """One replayed call (``pd_call``): its code, its argument record's address, and the
+    float and pointer arguments its entry point takes beside the record."""
+
+    _fields_ = [("op", ctypes.c_int64), ("args", ctypes.c_int64), ("f0", ctypes.c_float),
+                ("f1", ctypes.c_float), ("p0", ctypes.c_int64), ("p1", ctypes.c_int64)]
+
+
+class NativeCall:
+    """What the replay needs of a bound call: its record, the argument record it points to
+    (kept alive here), and ``prepare``, run before every replay; it returns True when it
+    changed the device's weight cache (made a copy), which may have evicted what an earlier
+    prepare of the same run found."""
+
+    def __init__(self, code: CallCode, args: ctypes.Structure, f0: float = 0.0, f1: float = 0.0,
+                 prepare: Prepare | None = None) -> None:
+        self.record = CallRecord(int(code), ctypes.addressof(args), f0, f1, 0, 0)
+        self.args, self.prepare = args, prepare
+
+
+def replayable(run: Callable[[], None], code: CallCode, args: ctypes.Structure, *,
+               f0: float = 0.0, f1: float = 0.0,
+               prepare: Prepare | None = None) -> Callable[[], None]:
+    """``run`` (the bound call, still what a plan calls outside a replay and after a failed
+    status) marked as the compiled call ``code`` with the record ``args``."""
+    run.native = NativeCall(code, args, f0, f1, prepare)
+    return run
+
+
+class NativeRun:
+    """Consecutive replayable calls of a plan, run by one ``pd_replay``."""
+
+    PREPARE_PASSES = 2
+
+    def __init__(self, calls: list[Callable[[], None]]) -> None:
+        self.calls = calls
+        natives = [c.native for c in calls]
+        self._records = [n.record for n in natives]                 # kept alive
+        self._table = (ctypes.c_int64 * len(calls))(*map(ctypes.addressof, self._records))
+        self._prepares = [n.prepare for n in natives if n.prepare is not None]
+        self._replay = kernels().replay
+
+    def __call__(self) -> None:
+        if not self._prepared():
+            for call in self.calls:      # the cache is too small for the run's copies
+                call()
+            return
+        i, n, table = 0, len(self.calls), self._table
+        while i < n:
+            i = self._replay(table, i, n)
+            if i < n:
+                self.calls[i]()          # raises the error of its status, or finishes it
+                i += 1
+
+    def _prepared(self) -> bool:
+        """Run the prepares until a pass changes nothing in the weight cache (then every
+        address they wrote is the cache's now); False if that takes more than
+        PREPARE_PASSES: the run's copies evict each other, and only calls made one by one,
+        each taking its copy as it runs, can use them."""
+        for _ in range(self.PREPARE_PASSES):
+            changed = False
+            for prepare in self._prepares:
+                changed |= prepare()
+            if not changed:
+                return True
+        return False
+
+
+class ReplayPlan(GraphPlan):
+    """A CPU plan whose consecutive replayable calls run as NativeRuns. ``replayed`` False
+    runs ``calls`` one by one instead (the bench scripts time each call that way)."""
+
+    def __init__(self, backend, graph, calls: list[Callable[[], None]]) -> None:
+        super().__init__(backend, graph, calls)
+        self.replayed = True
+        self.steps = _steps(calls)
+
+    def compute(self) -> None:
+        for step in (self.steps if self.replayed else self.calls):
+            step()
+
+
+def _steps(calls: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    """``calls`` with each run of replayable ones (two or more) made one NativeRun."""
+    steps: list[Callable[[], None]] = []
+    run: list[Callable[[], None]] = []
+
+    def close_run() -> None:
+        if len(run) > 1:
+            steps.append(NativeRun(list(run)))
+        else:
+            steps.extend(run)
+        run.clear()
+
+    for call in calls:
+        if getattr(call, "native", None) is not None:
+            run.append(call)
+        else:
+            close_run()
+            steps.append(call)
+    close_run()
+    return steps
