@@ -26,8 +26,9 @@ K, M = 256, 64           # the layer's width and its projection's rows
 
 
 class Layer:
-    """norm(x) * w_norm -> W (Q4_K, in a weights buffer) -> + x -> SWIGLU with itself ->
-    SET_ROWS into a cache at a row index: a decode step's kinds of calls, planned once."""
+    """norm(x) * w_norm -> W (Q4_K, in a weights buffer) -> ROPE as 4 heads at a position ->
+    + x -> SWIGLU with itself -> SET_ROWS into a cache at the row: a decode step's
+    kinds of calls, planned once."""
 
     def __init__(self, backend, rng) -> None:
         wctx, ctx = Context(), Context()
@@ -35,10 +36,13 @@ class Layer:
         self.w_norm = wctx.new_tensor_1d(GGMLType.F32, K, name="w_norm")
         self.x = ctx.new_tensor_2d(GGMLType.F32, K, 1, name="x")
         self.idx = ctx.new_tensor_1d(GGMLType.I32, 1, name="idx")
+        self.pos = ctx.new_tensor_1d(GGMLType.I32, 1, name="pos")
         self.cache = ctx.new_tensor_2d(GGMLType.F32, M // 2, 4, name="cache")
         h = ops.mul(ctx, ops.rms_norm(ctx, self.x, 1e-6), self.w_norm)
         y = ops.mul_mat(ctx, self.w, h)
-        y = ops.add(ctx, y, ops.view_2d(ctx, self.x, M, 1, self.x.nb[1], 0))
+        y = ops.rope(ctx, ops.reshape_3d(ctx, y, M // 4, 4, 1), self.pos, M // 4)
+        y = ops.add(ctx, ops.reshape_2d(ctx, y, M, 1),
+                    ops.view_2d(ctx, self.x, M, 1, self.x.nb[1], 0))
         z = ops.swiglu(ctx, y)
         self.out = ops.set_rows(ctx, self.cache, z, self.idx)
         self.z = z
@@ -50,8 +54,10 @@ class Layer:
         self.w_norm.set_data(f32(rng, (K,)))
         self.plan = backend.graph_plan_create(build_graph(self.out))
 
-    def __call__(self, x: np.ndarray, row: int, replayed: bool = True) -> np.ndarray:
+    def __call__(self, x: np.ndarray, row: int, replayed: bool = True,
+                 position: int = 7) -> np.ndarray:
         self.x.set_data(x)
+        self.pos.set_data(np.array([position], np.int32))
         self.idx.set_data(np.array([row], np.int32))
         self.cache.set_data(np.zeros((4, M // 2), np.float32))
         self.plan.replayed = replayed
@@ -77,8 +83,8 @@ def test_a_layer_is_one_run_equal_to_its_calls_one_by_one(layer, rng):
     assert len(runs) == 1 and len(runs[0].calls) == len(layer.plan.calls)
     for row in (0, 3):
         x = f32(rng, (1, K))
-        replayed = layer(x, row)
-        np.testing.assert_array_equal(replayed, layer(x, row, replayed=False))
+        replayed = layer(x, row, position=row)          # each step its own angle tables
+        np.testing.assert_array_equal(replayed, layer(x, row, replayed=False, position=row))
         assert np.any(replayed[row] != 0) and not np.any(np.delete(replayed, row, axis=0))
 
 
@@ -169,3 +175,21 @@ def test_geglu_equals_float64(cpu, rng, rows, n):
     x64 = x.astype(np.float64)
     gelu = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * x64 * (1 + 0.044715 * x64 ** 2)))
     assert_close(out, gelu * g, 1e-13)
+
+
+def test_a_freed_plan_lets_go_of_its_calls_at_once(fast_cpu, rng):
+    """No reference cycle keeps a freed plan's calls (and through them its tensors' memory:
+    the compute buffers a longer prompt reallocated) until the cycle collector runs."""
+    import gc
+    import weakref
+
+    layer = Layer(fast_cpu, rng)
+    layer(f32(rng, (1, K)), 0)
+    calls = [weakref.ref(c) for c in layer.plan.calls]
+    gc.disable()
+    try:
+        fast_cpu.graph_plan_free(layer.plan)
+        assert not [c for c in calls if c() is not None]
+    finally:
+        gc.enable()
+        layer.close()

@@ -83,5 +83,10 @@ class CPUBackend(Backend):
         with self._compute_scope():
             plan.compute()
 
+    def _graph_plan_free(self, plan: GraphPlan) -> None:
+        super()._graph_plan_free(plan)
+        if isinstance(plan, ReplayPlan):
+            plan.steps = []              # its runs hold the calls, and they the tensors' memory
+
     def _compute_scope(self) -> ContextManager:
         return np.errstate(all="ignore")     # -inf masks and overflowing exps are expected

@@ -61,9 +61,12 @@ def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
         rope(where, cos, sin)
     run.keep_alive = args
 
+    replayable(run, CallCode.ROPE, args)
+    record = run.native.record        # (the prepare holds the record, not the call: no cycle)
+
     def set_angles() -> bool:
         """The replay's prepare: this step's angle tables, beside the record."""
-        record = run.native.record
         _, _, record.p0, record.p1 = env.memo(key, inputs, angles)
         return False
-    return replayable(run, CallCode.ROPE, args, prepare=set_angles)
+    run.native.prepare = set_angles
+    return run
