@@ -1,29 +1,35 @@
 """Models on the CPU: polydev against llama.cpp, prompts (pp512, pp4096) and generation (tg128).
 
+    bash bench/anchors.sh        # once: llama-bench of mainline llama.cpp and ik_llama.cpp
+    python bench/models.py --scale $(bash bench/anchors.sh --flags)
+
 For SmolLM2-135M (Q4_1), gemma-3-270m (Q4_K_M) and, with ``--scale``, random-weight models of
 the 1B class (SCALE_MODELS: TinyLlama's widths in Q4_K, Q4_0, Q5_K and Q6_K, qwen3 in Q8_0, a
 qwen3 mixture of experts in Q4_K; written once with gguf.GGUFWriter, the K-quants by
 polydev's quantizer, with SmolLM2's tokenizer where it is installed, into
 $POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
-own), one after the other for each model:
-- polydev t/s / llama.cpp t/s for pp512, pp4096 (one run: a 4096-token prompt in batches of
-  512, attention over up to 4096 cells) and tg128 (target 1.0);
-- polydev's peak RSS against llama.cpp's (target 1.0), and against the GGUF file plus the KV
-  cache (target 1.5);
-- polydev's Python time per node of a replayed decode step: the step's time minus the time
-  spent inside its kernels, divided by its nodes (target 2 µs);
+own), in turns: every round runs polydev, then each anchor, and a figure is the median of the
+rounds (3, or 1 with --quick), as a shared host's memory bandwidth moves between minutes:
+- polydev t/s / each anchor's t/s for pp512, pp4096 (a 4096-token prompt in batches of 512,
+  attention over up to 4096 cells) and tg128 (target 1.0);
+- each engine's decode as a share of the host's read bandwidth (bench/bandwidth.py, 2
+  threads): the weight bytes a decode step reads times its tg128 t/s (target 0.85);
+- polydev's peak RSS against each anchor's (target 1.0), and against the GGUF file plus the
+  KV cache (target 1.5);
+- polydev's Python time per node of a decode step: the step's time minus the time spent
+  inside its kernels, divided by its nodes (target 2 µs);
 - polydev's decode (tg128) with half the layers on OpenCL0 (llama.cpp's -ngl counting: the
   output layer is one of them) against all on the CPU backend, both in one process and
   measured in turns (target 0.5); missing, with the reason, where there is no OpenCL device.
 ``--only TEXT`` keeps the models whose label contains TEXT; ``--cpu-kernels LEVEL`` runs
 polydev with the CPU kernels of a lower feature level (``x86-64-v3``: what a processor with
-AVX2 alone runs, to compare with the AVX2 wheel of llama.cpp).
-llama.cpp is llama-cpp-python (2 threads): the installed one, or the one in the directory
-``--llama-cpp DIR`` names (e.g. a build for this machine: ``CMAKE_ARGS="-DGGML_NATIVE=ON" pip
-wheel --no-deps llama-cpp-python==0.3.36``, unpacked there); without it the ratios are missing
-and say why. Its
-wheel has only the CPU backend, so polydev loads only its own (POLYDEV_BACKENDS=cpu: no OpenCL
-driver, which would add about 37 MiB of RSS).
+AVX2 alone runs, to compare with llama.cpp built for AVX2, ``bash bench/anchors.sh all avx2``).
+The anchors are llama.cpp's own C++ ``llama-bench`` binaries (``--llama-bench [NAME=]PATH``,
+repeatable; bench/llama_bench.py runs them: 2 threads, flash attention, ik_llama.cpp with its
+run-time repacking). Without one, the anchor is llama-cpp-python (2 threads, the installed
+one or the one in ``--llama-cpp DIR``), whose Python loop makes it a weaker anchor. polydev
+loads only its CPU backend (POLYDEV_BACKENDS=cpu: no OpenCL driver, which would add about 37
+MiB of RSS).
 Prints a table, or with --json one JSON object.
 """
 
@@ -37,13 +43,17 @@ from pathlib import Path
 
 from polydev.numerics import NUMERICS
 
-from figures import (add_llama_cpp_option, leave_bench_dir, parse_args,  # bench/
-                     print_figures, real_models, run_child)
+from bandwidth import measured_in_child  # bench/
+from decode_profile import weight_bytes_per_token
+from figures import (add_llama_cpp_option, leave_bench_dir, parse_args, print_figures,
+                     real_models, run_child)
+from llama_bench import LlamaBench
 
 leave_bench_dir()        # bench/gguf.py would stand for the gguf package polydev.models uses
 
 N_PROMPT, N_LONG, N_GEN = 512, 4096, 128
 N_CTX = N_LONG + 64
+THREADS = 2
 
 
 # 1B-class shapes: TinyLlama's widths (8 of its 22 layers) and a qwen3 of the same class
@@ -172,6 +182,9 @@ def polydev_child(path: str, reps: int, numerics: str | None = None) -> dict:
     with load(path, devices=[], n_ctx=N_CTX, n_batch=512, progress=False,
               numerics=numerics or DEFAULT_NUMERICS) as model:
         loaded_rss = _rss_now()
+        for backend in model.evaluator.backends:
+            if backend.name == "CPU":
+                backend.set_n_threads(THREADS)
         pp, tg = polydev_rates(model, rng, reps)
         model.reset()
         start = time.perf_counter()
@@ -180,28 +193,24 @@ def polydev_child(path: str, reps: int, numerics: str | None = None) -> dict:
         overhead = _overhead_per_node(model, rng)
         return {"pp": pp, "pp_long": pp_long, "tg": tg, "rss": _peak_rss(), "start_rss": start_rss,
                 "loaded_rss": loaded_rss, "file": os.path.getsize(path),
-                "kv": model.kv.nbytes, **overhead}
+                "kv": model.kv.nbytes, "weight_bytes": weight_bytes_per_token(model),
+                **overhead}
 
 
 OVERHEAD_ROUNDS = 5
 
 
 def _overhead_per_node(model, rng) -> dict:
-    """A replayed decode step's time outside its kernels, per node: rounds of 20 steps with
-    every bound kernel call timed; a round's steps' time minus its kernels' and minus what the
-    timing wrapper itself adds outside its timed span (``_probe_cost``, measured on a no-op in
-    warm caches: a lower bound, so the figure still errs high). The median of OVERHEAD_ROUNDS
-    rounds: on a shared machine one round that the OS preempts between two kernels would count
-    the whole preemption as Python time. The plain step time is kept too."""
+    """A decode step's time outside its kernels, per node: rounds of 20 plain (replayed)
+    steps, each followed by 20 steps with every bound kernel call made and timed one by one;
+    a round's figure is its plain step's time less its timed kernels' time. The median of
+    OVERHEAD_ROUNDS rounds: on a shared machine one round that the OS preempts between two
+    kernels would count the whole preemption as Python time."""
     ev = model.evaluator
     steps = 20
-    tokens = iter(rng.integers(0, model.hparams.n_vocab, 3 + steps * (1 + OVERHEAD_ROUNDS)))
+    tokens = iter(rng.integers(0, model.hparams.n_vocab, 3 + 2 * steps * OVERHEAD_ROUNDS))
     for _ in range(3):
         ev.eval([next(tokens)])
-    start = time.perf_counter()
-    for _ in range(steps):
-        ev.eval([next(tokens)])
-    step = (time.perf_counter() - start) / steps
     spent = [0.0]
 
     def timed(call):
@@ -211,48 +220,28 @@ def _overhead_per_node(model, rng) -> dict:
             spent[0] += time.perf_counter() - t0
         return run
 
-    probe = _probe_cost(timed, spent)
     plans = [p for p in ev.sched._step_plans if p]
     originals = [list(p.calls) for p in plans]
-    for plan in plans:
-        plan.calls[:] = [timed(c) for c in plan.calls]
     rounds = []
-    try:
-        for _ in range(OVERHEAD_ROUNDS):
-            spent[0] = 0.0
-            start = time.perf_counter()
+    for _ in range(OVERHEAD_ROUNDS):
+        start = time.perf_counter()
+        for _ in range(steps):
+            ev.eval([next(tokens)])
+        plain = (time.perf_counter() - start) / steps
+        for plan in plans:
+            plan.calls[:] = [timed(c) for c in plan.calls]
+            plan.replayed = False
+        spent[0] = 0.0
+        try:
             for _ in range(steps):
                 ev.eval([next(tokens)])
-            rounds.append(((time.perf_counter() - start) / steps, spent[0] / steps))
-    finally:
-        for plan, calls in zip(plans, originals):
-            plan.calls[:] = calls
-    instrumented, kernels = sorted(rounds, key=lambda r: r[0] - r[1])[len(rounds) // 2]
-    nodes = ev.sched._allocated_graph.n_nodes
-    calls = sum(len(c) for c in originals)
-    return {"step_s": step, "instrumented_s": instrumented, "kernel_s": kernels,
-            "probe_s": probe * calls, "nodes": nodes}
-
-
-def _probe_cost(timed, spent: list[float], calls: int = 20000) -> float:
-    """Seconds a ``timed`` wrapper adds to one call outside its timed span: a loop of wrapped
-    no-ops, less the time inside the spans, less a loop of plain no-ops. Best of 5."""
-    def noop():
-        pass
-
-    wrapped, best = [timed(noop)] * calls, float("inf")
-    plain = [noop] * calls
-    for _ in range(5):
-        spent[0] = 0.0
-        t0 = time.perf_counter()
-        for call in wrapped:
-            call()
-        t1 = time.perf_counter()
-        for call in plain:
-            call()
-        t2 = time.perf_counter()
-        best = min(best, ((t1 - t0) - spent[0] - (t2 - t1)) / calls)
-    return max(best, 0.0)
+        finally:
+            for plan, calls in zip(plans, originals):
+                plan.calls[:] = calls
+                plan.replayed = True
+        rounds.append((plain, spent[0] / steps))
+    step, kernels = sorted(rounds, key=lambda r: r[0] - r[1])[len(rounds) // 2]
+    return {"step_s": step, "kernel_s": kernels, "nodes": ev.sched._allocated_graph.n_nodes}
 
 
 def polydev_opencl_child(path: str, reps: int) -> dict:
@@ -297,7 +286,7 @@ def llama_cpp_child(path: str, reps: int) -> dict:
     import llama_cpp
 
     rng = RandomTokens(0)
-    llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=512, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=512, n_threads=THREADS, verbose=False)
     pp, tg = llama_cpp_rates(llm, rng, reps)
     llm.reset()
     start = time.perf_counter()
@@ -332,71 +321,143 @@ def with_llama_cpp(directory: str) -> dict[str, str]:
         [directory, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
-def _mean(values: list[float]) -> str:
-    return f"{statistics.mean(values):.1f} ± {statistics.pstdev(values):.1f} t/s"
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} t/s (of {len(values)})"
+
+
+def _anchor_child(anchor: LlamaBench, path: str) -> dict | str:
+    """One llama-bench run, in its own child (its peak RSS is then its own), as the engines'
+    common record: pp, pp_long and tg as lists of one rate."""
+    done = run_child("llama_bench", f"llama_bench_child({anchor.name!r}, {anchor.path!r}, "
+                                    f"{path!r}, {THREADS}, {[N_PROMPT, N_LONG]!r}, {N_GEN})")
+    if isinstance(done, str):
+        return done
+    return {"pp": [done[f"pp{N_PROMPT}"]], "pp_long": [done[f"pp{N_LONG}"]],
+            "tg": [done["tg"]], "rss": done["rss"]}
+
+
+def _rounds(path: str, rounds: int, args, anchors: list[LlamaBench]) -> dict[str, dict | str]:
+    """Every engine on one model, ``rounds`` times in turns (polydev, then each anchor): a
+    shared host's bandwidth moves between minutes, and turns spread that over all engines.
+    By engine: its rates of every round and its largest peak RSS, or why it failed."""
+    results: dict[str, dict | str] = {}
+
+    def keep(name: str, got: dict | str) -> None:
+        if isinstance(got, str) or isinstance(results.get(name), str):
+            results[name] = results.get(name) if isinstance(results.get(name), str) else got
+            return
+        if name not in results:
+            results[name] = got
+            return
+        kept = results[name]
+        for test in ("pp", "pp_long", "tg"):
+            kept[test] = kept[test] + got[test]
+        kept["rss"] = max(kept["rss"], got["rss"])
+
+    for _ in range(rounds):
+        keep("polydev", _child("polydev", path, 1, cpu_kernels=args.cpu_kernels,
+                               numerics=args.numerics))
+        if anchors:
+            for anchor in anchors:
+                keep(anchor.name, _anchor_child(anchor, path))
+        else:
+            keep("llama-cpp-python", _child("llama_cpp", path, 1, args.llama_cpp))
+    return results
+
+
+def _rate_figures(label: str, ours: dict, name: str, theirs: dict | str) -> list[dict]:
+    figures = []
+    for test, size in (("pp", N_PROMPT), ("pp_long", N_LONG), ("tg", N_GEN)):
+        figure = {"name": f"{label}: {test[:2]}{size} polydev / {name}", "unit": "ratio",
+                  "target": 1.0, "better": "higher"}
+        if isinstance(theirs, str):
+            figures.append({**figure, "value": None,
+                            "detail": f"polydev {_median(ours[test])}; {name} missing: {theirs}"})
+            continue
+        ratio = statistics.median(ours[test]) / statistics.median(theirs[test])
+        figures.append({**figure, "value": round(ratio, 3),
+                        "detail": f"{_median(ours[test])} vs {_median(theirs[test])}"})
+    if not isinstance(theirs, str):
+        figures.append({"name": f"{label}: polydev peak RSS / {name}'s",
+                        "value": round(ours["rss"] / theirs["rss"], 2), "unit": "ratio",
+                        "target": 1.0, "better": "lower",
+                        "detail": f"{ours['rss'] / 2**20:.0f} MiB vs "
+                                  f"{theirs['rss'] / 2**20:.0f} MiB"})
+    return figures
+
+
+def _bandwidth_figures(label: str, results: dict[str, dict | str],
+                       bandwidth: float) -> list[dict]:
+    """Each engine's decode as a share of the host's read bandwidth: the weight bytes a decode
+    step reads (polydev's count of its products' weights, the same file for every engine)
+    times its tg t/s."""
+    per_token = results["polydev"]["weight_bytes"]
+    figures = []
+    for name, got in results.items():
+        if isinstance(got, str):
+            continue
+        rate = statistics.median(got["tg"])
+        figures.append({"name": f"{label}: {name} tg{N_GEN} read / host read bandwidth",
+                        "value": round(per_token * rate / bandwidth, 3), "unit": "ratio",
+                        "target": 0.85, "better": "higher",
+                        "detail": f"{per_token / 2**20:.0f} MiB/token x {rate:.1f} t/s = "
+                                  f"{per_token * rate / 1e9:.1f} GB/s of "
+                                  f"{bandwidth / 1e9:.1f} GB/s"})
+    return figures
+
+
+def _memory_figures(label: str, ours: dict) -> list[dict]:
+    budget = ours["file"] + ours["kv"]
+    above = ours["rss"] - ours["start_rss"]
+    outside = ours["step_s"] - ours["kernel_s"]
+    return [
+        {"name": f"{label}: polydev peak RSS / (file + KV cache)",
+         "value": round(ours["rss"] / budget, 2), "unit": "ratio", "target": 1.5,
+         "better": "lower",
+         "detail": f"{ours['rss'] / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB (at start "
+                   f"{ours['start_rss'] / 2**20:.0f} MiB, after load "
+                   f"{ours['loaded_rss'] / 2**20:.0f} MiB)"},
+        {"name": f"{label}: polydev peak RSS above the interpreter's own / (file + KV cache)",
+         "value": round(above / budget, 2), "unit": "ratio", "target": 1.5, "better": "lower",
+         "detail": f"{above / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB"},
+        {"name": f"{label}: Python time per node of a decode step",
+         "value": round(outside / ours["nodes"] * 1e6, 2), "unit": "us", "target": 2.0,
+         "better": "lower",
+         "detail": f"{ours['nodes']} nodes, step {ours['step_s'] * 1e3:.2f} ms, kernels "
+                   f"{ours['kernel_s'] * 1e3:.2f} ms (timed one by one)"},
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv, extra=_options)
-    reps = 1 if args.quick else 3
+    rounds = 1 if args.quick else 3
+    anchors = [LlamaBench.parse(spec) for spec in args.llama_bench or ()]
     figures = []
     models = _models(args.scale, args.only)
     if not models:
         print(f"no model's label contains {args.only!r}", file=sys.stderr)
         return 2
+    bandwidth = measured_in_child(THREADS)
     for label, path in models.items():
-        ours = _child("polydev", path, reps, cpu_kernels=args.cpu_kernels,
-                      numerics=args.numerics)
-        theirs = _child("llama_cpp", path, reps, args.llama_cpp)
+        results = _rounds(path, rounds, args, anchors)
+        ours = results["polydev"]
         if isinstance(ours, str):
             print(f"polydev failed on {label}: {ours}", file=sys.stderr)
             return 1
-        for test, size in (("pp", N_PROMPT), ("pp_long", N_LONG), ("tg", N_GEN)):
-            target = 1.0
-            name = f"{label}: {test[:2]}{size} polydev / llama.cpp"
-            if isinstance(theirs, str):
-                figures.append({"name": name, "value": None, "unit": "ratio", "target": target,
-                                "better": "higher",
-                                "detail": f"polydev {_mean(ours[test])}; llama.cpp missing: "
-                                          f"{theirs}"})
-                continue
-            ratio = statistics.mean(ours[test]) / statistics.mean(theirs[test])
-            figures.append({"name": name, "value": round(ratio, 3), "unit": "ratio",
-                            "target": target, "better": "higher",
-                            "detail": f"{_mean(ours[test])} vs {_mean(theirs[test])}"})
-        if not isinstance(theirs, str):
-            figures.append({"name": f"{label}: polydev peak RSS / llama.cpp's",
-                            "value": round(ours["rss"] / theirs["rss"], 2), "unit": "ratio",
-                            "target": 1.0, "better": "lower",
-                            "detail": f"{ours['rss'] / 2**20:.0f} MiB vs "
-                                      f"{theirs['rss'] / 2**20:.0f} MiB"})
-        budget = ours["file"] + ours["kv"]
-        figures.append({"name": f"{label}: polydev peak RSS / (file + KV cache)",
-                        "value": round(ours["rss"] / budget, 2), "unit": "ratio",
-                        "target": 1.5, "better": "lower",
-                        "detail": f"{ours['rss'] / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB "
-                                  f"(at start {ours['start_rss'] / 2**20:.0f} MiB, after load "
-                                  f"{ours['loaded_rss'] / 2**20:.0f} MiB)"})
-        above = ours["rss"] - ours["start_rss"]
-        figures.append({"name": f"{label}: polydev peak RSS above the interpreter's own / "
-                                f"(file + KV cache)",
-                        "value": round(above / budget, 2), "unit": "ratio", "target": 1.5,
-                        "better": "lower",
-                        "detail": f"{above / 2**20:.0f} MiB vs {budget / 2**20:.0f} MiB"})
-        outside = ours["instrumented_s"] - ours["kernel_s"] - ours["probe_s"]
-        per_node = outside / ours["nodes"] * 1e6
-        figures.append({"name": f"{label}: Python time per node of a decode step",
-                        "value": round(per_node, 2), "unit": "us", "target": 2.0,
-                        "better": "lower",
-                        "detail": f"{ours['nodes']} nodes, step {ours['step_s'] * 1e3:.1f} ms, "
-                                  f"kernels {ours['kernel_s'] * 1e3:.1f} ms, timing probes "
-                                  f"{ours['probe_s'] * 1e6:.0f} µs"})
+        for name, theirs in results.items():
+            if name != "polydev":
+                figures += _rate_figures(label, ours, name, theirs)
+        figures += _bandwidth_figures(label, results, bandwidth)
+        figures += _memory_figures(label, ours)
         if label not in SCALE_MODELS:         # OpenCL on PoCL: minutes per 1B-class model
-            figures.append(_opencl_figure(label, path, reps))
-    engine = f"llama.cpp from {args.llama_cpp}" if args.llama_cpp else "llama.cpp installed"
+            figures.append(_opencl_figure(label, path, rounds))
+    engines = (", ".join(f"{a.name} ({a.path})" for a in anchors) if anchors
+               else f"llama-cpp-python from {args.llama_cpp}" if args.llama_cpp
+               else "llama-cpp-python installed")
     kernels = f"; polydev's {args.cpu_kernels} kernels" if args.cpu_kernels else ""
     kernels += f"; numerics={args.numerics}" if args.numerics else ""
-    print_figures("models", f"2 threads, CPU; {engine}{kernels}", figures, args.json)
+    print_figures("models", f"{THREADS} threads, CPU, {rounds} rounds in turns, medians; "
+                            f"against {engines}{kernels}", figures, args.json)
     return 0
 
 
@@ -404,6 +465,10 @@ def _options(parser) -> None:
     parser.add_argument("--scale", action="store_true",
                         help="also the 1B-class random-weight models (SCALE_MODELS)")
     add_llama_cpp_option(parser)
+    parser.add_argument("--llama-bench", metavar="[NAME=]PATH", action="append",
+                        help="llama.cpp's C++ llama-bench at PATH as an anchor (repeatable; "
+                             "bash bench/anchors.sh builds mainline's and ik_llama.cpp's and "
+                             "prints these options); without it, llama-cpp-python")
     parser.add_argument("--only", metavar="TEXT",
                         help="only the models whose label contains TEXT (e.g. Q4_K)")
     parser.add_argument("--cpu-kernels", metavar="LEVEL",
@@ -420,11 +485,11 @@ def _opencl_figure(label: str, path: str, reps: int) -> dict:
               "value": None, "unit": "ratio", "target": 0.5, "better": "higher"}
     if isinstance(opencl, str):
         return {**figure, "detail": f"no OpenCL figure: {opencl}"}
-    ratio = statistics.mean(opencl["tg"]) / statistics.mean(opencl["tg_cpu"])
+    ratio = statistics.median(opencl["tg"]) / statistics.median(opencl["tg_cpu"])
     return {**figure, "value": round(ratio, 3),
-            "detail": f"{_mean(opencl['tg'])} (-ngl {opencl['ngl']}: {opencl['ngl'] - 1} of "
+            "detail": f"{_median(opencl['tg'])} (-ngl {opencl['ngl']}: {opencl['ngl'] - 1} of "
                       f"{opencl['n_layer']} layers and the output) vs "
-                      f"{_mean(opencl['tg_cpu'])}, in turns"}
+                      f"{_median(opencl['tg_cpu'])}, in turns"}
 
 
 if __name__ == "__main__":
