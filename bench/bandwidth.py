@@ -46,8 +46,8 @@ uint64_t read_all(const uint64_t *p, int64_t n, int n_threads) {
 def _library() -> ctypes.CDLL:
     folder = Path(tempfile.mkdtemp(prefix="polydev-bandwidth-"))
     (folder / "read.c").write_text(SOURCE)
-    subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-o", str(folder / "read.so"),
-                    str(folder / "read.c")], check=True)
+    subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-o",
+                    str(folder / "read.so"), str(folder / "read.c")], check=True)
     lib = ctypes.CDLL(str(folder / "read.so"))
     lib.read_all.restype = ctypes.c_uint64
     lib.read_all.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
