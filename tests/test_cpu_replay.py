@@ -148,19 +148,20 @@ def test_a_failing_call_stops_the_run_with_its_error(layer, rng):
     assert not np.any(layer.cache.numpy())
 
 
-@pytest.mark.parametrize("op", ["add", "mul"])
-@pytest.mark.parametrize("b_shape", [(3, 37), (1, 37), (2, 1, 37)], ids=["same", "row", "repeat"])
-def test_binary_of_rows_equals_numpy(cpu, rng, op, b_shape):
-    """ADD and MUL of float32 rows: b the same shape, one row repeated (the compiled kernel),
-    or repeated along another dimension (numpy's): numpy's float32 results exactly."""
-    a = f32(rng, (2, 3, 37)) if len(b_shape) == 3 else f32(rng, (3, 37))
-    b = f32(rng, b_shape)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("b_shape", [(2, 3, 37), (1, 37), (2, 1, 37), (2, 3, 1), (1, 1, 1)],
+                         ids=["same", "row", "repeat", "value-per-row", "one-value"])
+def test_binary_repeats_b_as_ggml_and_equals_numpy(cpu, rng, op, b_shape):
+    """ADD, SUB, MUL and DIV of float32 tensors, b repeated over a along any dimension
+    (compiled): numpy's float32 results exactly."""
+    a, b = f32(rng, (2, 3, 37)), f32(rng, b_shape, 0.5, 2)
     got = compute(cpu, lambda ctx, x, y: getattr(ops, op)(ctx, x, y), a, b)
-    want = getattr(np, "add" if op == "add" else "multiply")(a, b)
+    want = getattr(np, {"add": "add", "sub": "subtract", "mul": "multiply",
+                        "div": "divide"}[op])(a, b)
     np.testing.assert_array_equal(got.reshape(want.shape), want)
 
 
-def test_binary_of_a_strided_view_equals_numpy(cpu, rng):
+def test_binary_of_strided_views_equals_numpy(cpu, rng):
     a, b = f32(rng, (4, 40)), f32(rng, (4, 16))
     got = compute(cpu, lambda ctx, x, y: ops.add(
         ctx, ops.view_2d(ctx, x, 16, 4, x.nb[1], 8), y), a, b)

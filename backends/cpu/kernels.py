@@ -41,5 +41,7 @@ CPU_TABLE = KernelTable({
     Op.RMS_NORM: Kernel(native_rms_norm_ok, bind_native_rms_norm),
     Op.SET_ROWS: Kernel(native_set_rows_ok, bind_native_set_rows),
     Op.ADD: Kernel(native_binary_ok, bind_native_binary),
+    Op.SUB: Kernel(native_binary_ok, bind_native_binary),
     Op.MUL: Kernel(native_binary_ok, bind_native_binary),
+    Op.DIV: Kernel(native_binary_ok, bind_native_binary),
 }, target=lambda backend: backend.env, fallback=_NUMPY_PRODUCTS)

@@ -133,8 +133,9 @@ class FlashAttnArguments(PackedArguments):
 
 
 class BinaryArguments(PackedArguments):
-    """ADD or MUL of float32 rows, b one row for all where ``b_stride`` is 0 (binary.c)."""
+    """ADD, SUB, MUL or DIV of float32 tensors, b repeated over a as ggml repeats it
+    (binary.c)."""
 
     C_FUNCTIONS = ("pd_binary_f32",)
-    _fields_ = _words("op", "a", "a_stride", "b", "b_stride", "d", "d_stride", "n_rows", "n",
-                      "n_threads")
+    _fields_ = [("a", TensorWords), ("b", TensorWords), ("d", TensorWords),
+                *_words("op", "n_threads")]
