@@ -330,6 +330,38 @@ def test_decode_attention_heads_of_a_kv_head_together(cpu, rng, heads, max_bias,
         assert np.all(out[:, 2] == 0)                   # query 2 sees nothing
 
 
+@pytest.mark.parametrize("n_seq,n_q", [(1, 1), (1, 2), (2, 1)])
+@pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (4.0, 5.0, True)])
+@pytest.mark.parametrize("n_kv", [130, 700])
+def test_attention_of_fewer_kv_heads_than_threads_splits_its_cells(rng, n_seq, n_q, max_bias,
+                                                                    softcap, sinks, n_kv):
+    """One KV head (gemma-3's) gives the blocked kernel fewer tiles than threads: each tile's
+    cells are split over the threads and merged after. Spans that see no cell, a run of
+    hidden cells across a split, a query that sees nothing; against float64 and equal, up to
+    float32 rounding, to one thread's single pass."""
+    q = f32(rng, (n_seq, 4, n_q, 256), -3, 3)
+    k = f32(rng, (n_seq, 1, n_kv, 256), -3, 3).astype(np.float16)
+    v = f32(rng, (n_seq, 1, n_kv, 256)).astype(np.float16)
+    mask = np.zeros((1, 1, n_q + 1, n_kv), dtype=np.float16)
+    mask[..., :70] = -np.inf                               # the first span sees little
+    mask[..., n_kv // 2 - 20:n_kv // 2 + 20] = -np.inf     # hidden across the split
+    mask[..., 0, n_kv - 3:] = rng.uniform(-2, 0, size=3)
+    mask[..., n_q:, :] = -np.inf                           # the padding row
+    if n_q > 1:
+        mask[..., 1, :] = -np.inf                          # query 1 sees nothing
+    sinks_values = f32(rng, (4,), -2, 2)
+    outs = []
+    for threads in (2, 1):
+        with polydev.init_backend("CPU") as backend:
+            backend.set_numerics("exact")
+            backend.set_n_threads(threads)
+            outs.append(_attention_against_float64(backend, q, k, v, mask, sinks_values,
+                                                   max_bias, softcap, sinks))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    if n_q > 1 and not sinks:
+        assert np.all(outs[0][:, 1] == 0)
+
+
 def _attention_against_float64(cpu, q, k, v, mask, sinks_values, max_bias, softcap, sinks):
     """FLASH_ATTN_EXT (scale 0.3) on ``cpu``, checked against float64; its result."""
     from test_ops_attention import _attention_ref

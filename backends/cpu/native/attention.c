@@ -599,12 +599,20 @@ static void prefetch_block(const fa_op *op, int64_t s, int64_t hk, int64_t c0, i
     }
 }
 
-/* queries [i0, i0 + nq) of sequence s with the heads of KV head hk */
-static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_t nq,
-                        fa_scratch *t) {
+/* queries [i0, i0 + nq) of sequence s with the heads of KV head hk, over span `part` of
+ * `parts` of the cells they see (whole blocks each, so the parts' blocks are the single
+ * pass's): the tile's running maxima, sums and outputs left in t (unscaled) */
+static void attend_tile_span(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_t nq,
+                             fa_scratch *t, int64_t part, int64_t parts) {
     const int64_t G = op->n_head / op->n_head_kv, rows = nq * G;
     int64_t lo, hi;
     tile_rows(op, s, hk, i0, nq, t, &lo, &hi);
+    if (parts > 1 && hi > lo) {
+        const int64_t span = ((hi - lo + parts - 1) / parts + FA_CELLS - 1) / FA_CELLS * FA_CELLS;
+        const int64_t from = lo + part * span;
+        lo = from < hi ? from : hi;
+        hi = from + span < hi ? from + span : hi;
+    }
     prefetch_block(op, s, hk, lo, hi);
     for (int64_t c0 = lo; c0 < hi; c0 += FA_CELLS) {
         const int64_t n = hi - c0 < FA_CELLS ? hi - c0 : FA_CELLS;
@@ -619,7 +627,13 @@ static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int6
             pv_rows(t->S + r * FA_CELLS, t->V, n, op->Dv, t->O + r * op->Dv, 4);
         for (; r < rows; r++) pv_rows(t->S + r * FA_CELLS, t->V, n, op->Dv, t->O + r * op->Dv, 1);
     }
-    for (int64_t r = 0; r < rows; r++) {                  /* the sink, then 1 / sum */
+}
+
+/* the tile's outputs from t: its sinks, then 1 / sum */
+static void finish_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_t nq,
+                        const fa_scratch *t) {
+    const int64_t G = op->n_head / op->n_head_kv, rows = nq * G;
+    for (int64_t r = 0; r < rows; r++) {
         const int64_t h = hk * G + r % G, i = i0 + r / G;
         float S = t->L[r], ms = 1.0f;
         if (op->sinks) {
@@ -631,6 +645,28 @@ static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int6
         const float f = S == 0.0f ? 0.0f : ms / S;
         float *out = op->out + ((s * op->n_q + i) * op->n_head + h) * op->Dv;
         for (int64_t j = 0; j < op->Dv; j++) out[j] = t->O[r * op->Dv + j] * f;
+    }
+}
+
+/* queries [i0, i0 + nq) of sequence s with the heads of KV head hk */
+static void attend_tile(const fa_op *op, int64_t s, int64_t hk, int64_t i0, int64_t nq,
+                        fa_scratch *t) {
+    attend_tile_span(op, s, hk, i0, nq, t, 0, 1);
+    finish_tile(op, s, hk, i0, nq, t);
+}
+
+/* part's running maxima, sums and outputs merged into into's (rows rows of Dv): the online
+ * softmax of two spans of cells is their states, each rescaled to the larger maximum */
+static void merge_parts(fa_scratch *into, const fa_scratch *part, int64_t rows, int64_t Dv) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float a = into->M[r], b = part->M[r];
+        if (b == -INFINITY) continue;                    /* the part saw none of its cells */
+        const float m = a > b ? a : b;                   /* NaN: b */
+        const float fa = a == -INFINITY ? 0.0f : expf(a - m), fb = expf(b - m);
+        for (int64_t j = 0; j < Dv; j++)
+            into->O[r * Dv + j] = into->O[r * Dv + j] * fa + part->O[r * Dv + j] * fb;
+        into->L[r] = into->L[r] * fa + part->L[r] * fb;
+        into->M[r] = a != a ? a : m;                     /* NaN stays NaN */
     }
 }
 
@@ -657,6 +693,17 @@ static int mostly_hidden(const fa_op *op) {
     return seen * FA_SPARSE_RATIO < spans;
 }
 
+/* A decode step of a model with fewer KV heads than threads (gemma-3's one, the tiles of a
+ * few sequences) has fewer tiles than threads: each tile's cells are then split into
+ * `parts` spans, one per thread, merged after (flash decoding), where the cells are at least
+ * two blocks: below that a thread's wake costs more than its share. */
+static int64_t parts_per_tile(const fa_op *op, int64_t n_tiles, int n_threads) {
+    if (n_tiles >= n_threads) return 1;
+    const int64_t wanted = (n_threads + n_tiles - 1) / n_tiles;
+    const int64_t most = (op->hi - op->lo) / FA_CELLS;
+    return wanted < most ? wanted : (most > 1 ? most : 1);
+}
+
 /* the blocked kernel; 0 where its memory could not be had (the caller then goes by rows) */
 static int attend_blocked(const fa_op *op, int n_threads) {
     const int64_t G = op->n_head / op->n_head_kv;
@@ -666,21 +713,41 @@ static int attend_blocked(const fa_op *op, int n_threads) {
 #ifndef _OPENMP
     n_threads = 1;
 #endif
+    const int64_t parts = parts_per_tile(op, n_tiles, n_threads);
     const size_t bytes = fa_scratch_bytes(per_tile * G, op->D, op->Dv);
-    char *mem = malloc(bytes * n_threads);
+    /* one scratch per thread, or per (tile, part) where the parts are merged after */
+    const int64_t n_scratch = parts > 1 ? n_tiles * parts : n_threads;
+    char *mem = malloc(bytes * n_scratch);
     if (!mem) return 0;
 #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
-    for (int64_t w = 0; w < n_tiles; w++) {
+    for (int64_t w = 0; w < n_tiles * parts; w++) {
 #ifdef _OPENMP
         const int me = omp_get_thread_num();
 #else
         const int me = 0;
 #endif
-        fa_scratch t = fa_scratch_at(mem + bytes * me, per_tile * G, op->D, op->Dv);
-        const int64_t part = w % tiles_per_head, hk = (w / tiles_per_head) % op->n_head_kv;
-        const int64_t s = w / (tiles_per_head * op->n_head_kv), i0 = part * per_tile;
+        const int64_t tile = w / parts, part = w % parts;
+        fa_scratch t = fa_scratch_at(mem + bytes * (parts > 1 ? w : me), per_tile * G, op->D,
+                                     op->Dv);
+        const int64_t q_part = tile % tiles_per_head, hk = (tile / tiles_per_head) % op->n_head_kv;
+        const int64_t s = tile / (tiles_per_head * op->n_head_kv), i0 = q_part * per_tile;
         const int64_t nq = op->n_q - i0 < per_tile ? op->n_q - i0 : per_tile;
-        attend_tile(op, s, hk, i0, nq, &t);
+        if (parts == 1)
+            attend_tile(op, s, hk, i0, nq, &t);
+        else
+            attend_tile_span(op, s, hk, i0, nq, &t, part, parts);
+    }
+    for (int64_t tile = 0; parts > 1 && tile < n_tiles; tile++) {
+        const int64_t q_part = tile % tiles_per_head, hk = (tile / tiles_per_head) % op->n_head_kv;
+        const int64_t s = tile / (tiles_per_head * op->n_head_kv), i0 = q_part * per_tile;
+        const int64_t nq = op->n_q - i0 < per_tile ? op->n_q - i0 : per_tile;
+        fa_scratch first = fa_scratch_at(mem + bytes * tile * parts, per_tile * G, op->D, op->Dv);
+        for (int64_t part = 1; part < parts; part++) {
+            const fa_scratch t = fa_scratch_at(mem + bytes * (tile * parts + part), per_tile * G,
+                                               op->D, op->Dv);
+            merge_parts(&first, &t, nq * G, op->Dv);
+        }
+        finish_tile(op, s, hk, i0, nq, &first);
     }
     free(mem);
     return 1;
