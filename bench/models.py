@@ -9,7 +9,8 @@ qwen3 mixture of experts in Q4_K; written once with gguf.GGUFWriter, the K-quant
 polydev's quantizer, with SmolLM2's tokenizer where it is installed, into
 $POLYDEV_CACHE_DIR/bench-models), each engine runs in its own process (so its peak RSS is its
 own), in turns: every round runs polydev, then each anchor, and a figure is the median of the
-rounds (3, or 1 with --quick), as a shared host's memory bandwidth moves between minutes:
+rounds (``--rounds``, default 3, or 1 with --quick), as a shared host's memory bandwidth
+moves between minutes:
 - polydev t/s / each anchor's t/s for pp512, pp4096 (a 4096-token prompt in batches of 512,
   attention over up to 4096 cells) and tg128 (target 1.0);
 - each engine's decode as a share of the host's read bandwidth (bench/bandwidth.py, 2
@@ -430,7 +431,7 @@ def _memory_figures(label: str, ours: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv, extra=_options)
-    rounds = 1 if args.quick else 3
+    rounds = args.rounds or (1 if args.quick else 3)
     anchors = [LlamaBench.parse(spec) for spec in args.llama_bench or ()]
     figures = []
     models = _models(args.scale, args.only)
@@ -469,6 +470,8 @@ def _options(parser) -> None:
                         help="llama.cpp's C++ llama-bench at PATH as an anchor (repeatable; "
                              "bash bench/anchors.sh builds mainline's and ik_llama.cpp's and "
                              "prints these options); without it, llama-cpp-python")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help="rounds of every engine in turns (default 3; 1 with --quick)")
     parser.add_argument("--only", metavar="TEXT",
                         help="only the models whose label contains TEXT (e.g. Q4_K)")
     parser.add_argument("--cpu-kernels", metavar="LEVEL",
