@@ -66,7 +66,7 @@ ik_source() {   # prints ik_llama.cpp's folder: a checkout without its model fil
         # --no-checkout then a sparse checkout: the repository's models/*.gguf are large and
         # may be absent from a mirror
         git clone -q --no-checkout --depth 1 "$from" "$src" 2>/dev/null ||
-            git clone -q --no-checkout "$from" "$src"
+            { rm -rf "$src" && git clone -q --no-checkout "$from" "$src"; }
         git -C "$src" sparse-checkout set --no-cone '/*' '!/models/*.gguf' '!/examples/server/'
         git -C "$src" checkout -q
     fi

@@ -335,16 +335,20 @@ def test_decode_attention_heads_of_a_kv_head_together(cpu, rng, heads, max_bias,
 @pytest.mark.parametrize("n_kv", [130, 700])
 def test_attention_of_fewer_kv_heads_than_threads_splits_its_cells(rng, n_seq, n_q, max_bias,
                                                                     softcap, sinks, n_kv):
-    """One KV head (gemma-3's) gives the blocked kernel fewer tiles than threads: each tile's
-    cells are split over the threads and merged after. Spans that see no cell, a run of
-    hidden cells across a split, a query that sees nothing; against float64 and equal, up to
-    float32 rounding, to one thread's single pass."""
+    """One KV head (gemma-3's) gives the blocked kernel fewer tiles than threads (one
+    sequence: one tile for two threads; two sequences: two, not split): each tile's cells
+    are split in whole blocks over the threads and merged after. A part that sees no cell
+    (130 cells: one block of visible ones), a run of hidden cells across the split, a query
+    that sees nothing; against float64 and equal, up to float32 rounding, to one thread's
+    single pass."""
     q = f32(rng, (n_seq, 4, n_q, 256), -3, 3)
     k = f32(rng, (n_seq, 1, n_kv, 256), -3, 3).astype(np.float16)
     v = f32(rng, (n_seq, 1, n_kv, 256)).astype(np.float16)
     mask = np.zeros((1, 1, n_q + 1, n_kv), dtype=np.float16)
-    mask[..., :70] = -np.inf                               # the first span sees little
-    mask[..., n_kv // 2 - 20:n_kv // 2 + 20] = -np.inf     # hidden across the split
+    mask[..., :70] = -np.inf                               # cells before the visible span
+    blocks = -(-(n_kv - 70) // 64)                         # the span's blocks of 64 cells
+    split = 70 + blocks // 2 * 64                          # where the second part starts
+    mask[..., split - 20:split + 20] = -np.inf             # hidden across the split
     mask[..., 0, n_kv - 3:] = rng.uniform(-2, 0, size=3)
     mask[..., n_q:, :] = -np.inf                           # the padding row
     if n_q > 1:

@@ -1,23 +1,28 @@
 """A CPU plan's compiled calls replayed from C (backends/cpu/replay.py, native/replay.c): one
 layer of a decode step runs as one run of calls and gives the results of the same calls made
 one by one from Python, follows a rewrite of its weights, falls back to calls one by one where
-the weight cache cannot hold the run's copies together, and stops at a call whose status says
-it failed, with that call's error; and the kernels it brought into the compiled set (ADD and
-MUL of rows, GEGLU) against numpy and float64."""
+the weight cache cannot hold the run's copies together, stops at a call whose status says it
+failed with that call's error, and lets go of its calls when freed; the call codes and record
+of replay.py are replay.c's."""
 
 from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, ops
+from polydev.backends.cpu import native
 from polydev.backends.cpu.native import kernels
-from polydev.backends.cpu.replay import NativeRun, ReplayPlan
+from polydev.backends.cpu.replay import CallCode, CallRecord, NativeRun, ReplayPlan
 from polydev.buffer import BufferUsage
 from polydev.errors import OutOfBoundsError
 
-from conftest import assert_close, compute
+from conftest import compute
 from test_ops import f32, random_blocks
 
 pytestmark = pytest.mark.skipif(kernels() is None, reason="no C compiler for the CPU kernels")
@@ -28,7 +33,7 @@ K, M = 256, 64           # the layer's width and its projection's rows
 class Layer:
     """norm(x) * w_norm -> W (Q4_K, in a weights buffer) -> ROPE as 4 heads at a position ->
     + x -> SWIGLU with itself -> SET_ROWS into a cache at the row: a decode step's
-    kinds of calls, planned once."""
+    kinds of calls, planned once; then the cache squared."""
 
     def __init__(self, backend, rng) -> None:
         wctx, ctx = Context(), Context()
@@ -44,7 +49,8 @@ class Layer:
         y = ops.add(ctx, ops.reshape_2d(ctx, y, M, 1),
                     ops.view_2d(ctx, self.x, M, 1, self.x.nb[1], 0))
         z = ops.swiglu(ctx, y)
-        self.out = ops.set_rows(ctx, self.cache, z, self.idx)
+        self.rows = ops.set_rows(ctx, self.cache, z, self.idx)
+        self.out = ops.mul(ctx, self.rows, self.rows)     # a call after SET_ROWS
         self.z = z
         self.backend = backend
         self.wbuf = alloc_ctx_tensors(wctx, backend)
@@ -120,7 +126,9 @@ def test_copies_that_evict_each_other_run_one_by_one(fast_cpu, rng, monkeypatch)
         x.set_data(xs)
         plan = fast_cpu.graph_plan_create(build_graph(out))
         replays = []
-        monkeypatch.setattr(kernels(), "replay", lambda *a: replays.append(a) or 0)
+        for run in plan.steps:
+            if isinstance(run, NativeRun):
+                monkeypatch.setattr(run, "_replay", lambda *a: replays.append(a) or 0)
         for _ in range(2):
             fast_cpu.graph_plan_compute(plan)
         assert not replays                          # never replayed: each time one by one
@@ -136,46 +144,18 @@ def test_copies_that_evict_each_other_run_one_by_one(fast_cpu, rng, monkeypatch)
 
 def test_a_failing_call_stops_the_run_with_its_error(layer, rng):
     """SET_ROWS of an index past the cache's rows: the run stops there with the error the
-    call raises alone (the destination as it was); the calls before it have run."""
+    call raises alone (the destination as it was); the calls before it have run, the one
+    after it has not."""
     x = f32(rng, (1, K))
-    want_z = None
     layer(x, 2)
     want_z = layer.z.numpy().copy()
     layer.z.set_data(np.zeros_like(want_z))
+    layer.out.set_data(np.full((4, M // 2), 7, np.float32))
     with pytest.raises(OutOfBoundsError, match="set_rows"):
         layer(x, 4)
     np.testing.assert_array_equal(layer.z.numpy(), want_z)
     assert not np.any(layer.cache.numpy())
-
-
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
-@pytest.mark.parametrize("b_shape", [(2, 3, 37), (1, 37), (2, 1, 37), (2, 3, 1), (1, 1, 1)],
-                         ids=["same", "row", "repeat", "value-per-row", "one-value"])
-def test_binary_repeats_b_as_ggml_and_equals_numpy(cpu, rng, op, b_shape):
-    """ADD, SUB, MUL and DIV of float32 tensors, b repeated over a along any dimension
-    (compiled): numpy's float32 results exactly."""
-    a, b = f32(rng, (2, 3, 37)), f32(rng, b_shape, 0.5, 2)
-    got = compute(cpu, lambda ctx, x, y: getattr(ops, op)(ctx, x, y), a, b)
-    want = getattr(np, {"add": "add", "sub": "subtract", "mul": "multiply",
-                        "div": "divide"}[op])(a, b)
-    np.testing.assert_array_equal(got.reshape(want.shape), want)
-
-
-def test_binary_of_strided_views_equals_numpy(cpu, rng):
-    a, b = f32(rng, (4, 40)), f32(rng, (4, 16))
-    got = compute(cpu, lambda ctx, x, y: ops.add(
-        ctx, ops.view_2d(ctx, x, 16, 4, x.nb[1], 8), y), a, b)
-    np.testing.assert_array_equal(got.reshape(4, 16), a[:, 2:18] + b)
-
-
-@pytest.mark.parametrize("rows,n", [(1, 2048), (3, 37)])
-def test_geglu_equals_float64(cpu, rng, rows, n):
-    """GEGLU with ggml's tanh GELU, over values where 1 + tanh is tiny (x near -8) too."""
-    x, g = f32(rng, (1, 1, rows, n), -8, 8), f32(rng, (1, 1, rows, n))
-    out = compute(cpu, lambda ctx, a, b: ops.geglu(ctx, a, b), x, g)
-    x64 = x.astype(np.float64)
-    gelu = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * x64 * (1 + 0.044715 * x64 ** 2)))
-    assert_close(out, gelu * g, 1e-13)
+    assert np.all(layer.out.numpy() == 7)
 
 
 def test_a_freed_plan_lets_go_of_its_calls_at_once(fast_cpu, rng):
@@ -194,3 +174,18 @@ def test_a_freed_plan_lets_go_of_its_calls_at_once(fast_cpu, rng):
     finally:
         gc.enable()
         layer.close()
+
+
+def _c_enum(source: str, prefix: str) -> dict[str, int]:
+    return {name: int(value) for name, value in re.findall(rf"{prefix}(\w+) = (\d+)", source)}
+
+
+def test_the_call_codes_and_record_are_replay_c_s():
+    """CallCode is replay.c's PD_CALL_* enum, and CallRecord its pd_call, field by field."""
+    source = (Path(native.__file__).parent / "replay.c").read_text()
+    assert _c_enum(source, "PD_CALL_") == {c.name: c.value for c in CallCode}
+    fields = re.search(r"typedef struct \{(.*?)\} pd_call;", source, re.S).group(1)
+    code = [line.split("/*")[0] for line in fields.splitlines()]
+    names = [name for line in code for name in re.findall(r"(\w+)[,;]", line)]
+    assert names == [name for name, _ in CallRecord._fields_]
+    assert ctypes.sizeof(CallRecord) == 40

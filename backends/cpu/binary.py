@@ -5,13 +5,17 @@ scales and normalizes the router's weights: a token's rows, where a numpy call c
 than the arithmetic, and where, between two compiled calls, it would split a plan's replay
 (replay.py) in two. The kernel takes ggml's repeat of ``b`` over ``a`` (each of b's
 dimensions divides a's) with unit element strides (b may also be one value per row); other
-layouts go to the array kernel. The float32 operations are numpy's, so results are equal.
+layouts, and a result that overlaps a source other than element for element, go to the
+array kernel. The float32 operations are numpy's, so results are equal.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
+from polydev.backends.array.elementwise import bind_binary
 from polydev.ops import Op
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
@@ -27,15 +31,18 @@ def native_binary_ok(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     return (loaded_kernels() is not None and node.op in _CODES
             and node.type == a.type == b.type == GGMLType.F32 and a.ne == node.ne
-            and all(n % m == 0 for n, m in zip(a.ne, b.ne))
+            and all(m and n % m == 0 for n, m in zip(a.ne, b.ne))
             and a.nb[0] == node.nb[0] == 4 and (b.nb[0] == 4 or b.ne[0] == 1))
 
 
 def bind_native_binary(env, node: Tensor) -> Callable[[], None]:
     a, b = node.src[0], node.src[1]
-    args = BinaryArguments(a=TensorWords.of(env.view(a).ctypes.data, a),
-                           b=TensorWords.of(env.view(b).ctypes.data, b),
-                           d=TensorWords.of(env.view(node).ctypes.data, node),
+    d_view, a_view, b_view = env.view(node), env.view(a), env.view(b)
+    if _overlaps_shifted(d_view, a_view) or _overlaps_shifted(d_view, b_view):
+        return bind_binary(env, node)     # numpy buffers the overlap; the threads would not
+    args = BinaryArguments(a=TensorWords.of(a_view.ctypes.data, a),
+                           b=TensorWords.of(b_view.ctypes.data, b),
+                           d=TensorWords.of(d_view.ctypes.data, node),
                            op=_CODES[node.op], n_threads=env.n_threads)
     binary, where = kernels().binary_f32_packed, args.address
 
@@ -43,3 +50,10 @@ def bind_native_binary(env, node: Tensor) -> Callable[[], None]:
         binary(where)
     run.keep_alive = args
     return replayable(run, CallCode.BINARY, args)
+
+
+def _overlaps_shifted(d: np.ndarray, x: np.ndarray) -> bool:
+    """Whether ``d`` shares memory with source ``x`` other than as the same elements (an
+    in-place op): then a row written may be one another thread still reads."""
+    same = (d.ctypes.data == x.ctypes.data and d.strides == x.strides and d.shape == x.shape)
+    return not same and np.may_share_memory(d, x)

@@ -45,17 +45,28 @@ def interleaved_copy(env, w: Tensor) -> Callable[[], np.ndarray] | None:
     return cache.replacement(w, "interleaved", size, interleave, INTERLEAVE_GROUP)
 
 
-def copy_address_setter(env, weight: Tensor, copy: Callable[[], np.ndarray],
-                        args) -> Callable[[], bool]:
+class CopyAddress:
     """A replay's prepare of a call that reads ``weight``'s cached copy (``copy`` gets it) at
     ``args.p``: asks the cache only when the cache or the weight's buffer changed since it
-    last did; True when it did (it may have made the copy, and evicted another)."""
-    cache, buffer, seen = env.weight_cache, weight.buffer, [None]
+    last did, and holds the copy it wrote the address of, so that another stream's eviction
+    cannot free it under a replay (``release`` lets go). Returns True when asking changed
+    the cache (it made the copy, and may have evicted another run's call's)."""
 
-    def prepare() -> bool:
-        if seen[0] == (cache.version, buffer.generation):
+    def __init__(self, weight: Tensor, cache, copy: Callable[[], np.ndarray], args) -> None:
+        self._buffer, self._cache, self._copy, self._args = weight.buffer, cache, copy, args
+        self._seen: tuple[int, int] | None = None
+        self._held: np.ndarray | None = None
+
+    def __call__(self) -> bool:
+        cache = self._cache
+        if self._seen == (cache.version, self._buffer.generation):
             return False
-        args.p = copy().ctypes.data
-        seen[0] = (cache.version, buffer.generation)
-        return True
-    return prepare
+        before = cache.version
+        self._held = self._copy()
+        self._args.p = self._held.ctypes.data
+        self._seen = (cache.version, self._buffer.generation)
+        return cache.version != before
+
+    def release(self) -> None:
+        """Let go of the copy (the next call asks the cache again)."""
+        self._held, self._seen = None, None

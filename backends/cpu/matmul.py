@@ -24,7 +24,7 @@ from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
 from .blas import product_macs, sized_for_blas
-from .interleaved import copy_address_setter, interleaved_copy
+from .interleaved import CopyAddress, interleaved_copy
 from .native import kernels, loaded_kernels
 from .native.arguments import MulMatArguments, MulMatInterleavedArguments
 from .product_path import ProductPath, product_path
@@ -82,8 +82,7 @@ def _bind_interleaved(env, path: ProductPath, weight: Tensor, copy: Callable[[],
             raise AllocationError(f"{name}: no memory for the int{bits} copy of {n_rows} x {k} "
                                   f"activations")
     return replayable(from_interleaved, CallCode.MUL_MAT_INTERLEAVED, args,
-                      prepare=copy_address_setter(env, weight, copy, args))
-
+                      prepare=CopyAddress(weight, env.weight_cache, copy, args))
 
 
 def bind_product(env, path: ProductPath, type_id: int, w_ptr: int, w_stride: int, m: int,

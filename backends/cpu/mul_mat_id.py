@@ -21,7 +21,7 @@ from polydev.errors import AllocationError
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
-from .interleaved import copy_address_setter, interleaved_copy
+from .interleaved import CopyAddress, interleaved_copy
 from .matmul import bind_product
 from .native import kernels, loaded_kernels
 from .native.arguments import MulMatIdInterleavedArguments
@@ -97,4 +97,4 @@ def _bind_interleaved(env, path: ProductPath, copy: Callable[[], np.ndarray], as
         if status != 0:
             raise AllocationError(f"{name}: no memory to sort {ids.size} rows by expert")
     return replayable(run, CallCode.MUL_MAT_ID_INTERLEAVED, args,
-                      prepare=copy_address_setter(env, as_t, copy, args))
+                      prepare=CopyAddress(as_t, env.weight_cache, copy, args))

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import ctypes
 from enum import IntEnum
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from polydev.device import GraphPlan
+
+if TYPE_CHECKING:
+    from polydev.device import Backend
+    from polydev.graph import Graph
 
 from .native import kernels
 
@@ -55,7 +59,9 @@ class NativeCall:
     """What the replay needs of a bound call: its record, the argument record it points to
     (kept alive here), and ``prepare``, run before every replay; it returns True when it
     changed the device's weight cache (made a copy), which may have evicted what an earlier
-    prepare of the same run found."""
+    prepare of the same run found. A prepare runs before the calls of its run, so it may read
+    only what is set before the graph runs; one with a ``release()`` method holds memory that
+    a fallback to calls one by one lets go."""
 
     def __init__(self, code: CallCode, args: ctypes.Structure, f0: float = 0.0, f1: float = 0.0,
                  prepare: Prepare | None = None) -> None:
@@ -87,7 +93,9 @@ class NativeRun:
 
     def __call__(self) -> None:
         if not self._prepared():
-            for call in self.calls:      # the cache is too small for the run's copies
+            for prepare in self._prepares:   # the cache is too small for the run's copies:
+                getattr(prepare, "release", lambda: None)()     # none held beyond its budget
+            for call in self.calls:
                 call()
             return
         i, n, table = 0, len(self.calls), self._table
@@ -115,7 +123,8 @@ class ReplayPlan(GraphPlan):
     """A CPU plan whose consecutive replayable calls run as NativeRuns. ``replayed`` False
     runs ``calls`` one by one instead (the bench scripts time each call that way)."""
 
-    def __init__(self, backend, graph, calls: list[Callable[[], None]]) -> None:
+    def __init__(self, backend: "Backend", graph: "Graph",
+                 calls: list[Callable[[], None]]) -> None:
         super().__init__(backend, graph, calls)
         self.replayed = True
         self.steps = _steps(calls)

@@ -14,7 +14,7 @@ import numpy as np
 
 from polydev.backends.array.env import same_memory
 from polydev.backends.array.rope import rope_cos_sin, rope_thetas
-from polydev.ops import RopeMode, RopeParams, RopeSources
+from polydev.ops import Op, RopeMode, RopeParams, RopeSources
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -61,12 +61,26 @@ def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
         rope(where, cos, sin)
     run.keep_alive = args
 
+    if not all(is_input(t) for t in (pos_t, ff_t) if t is not None):
+        return run          # a prepare runs before its run's calls: it would read them early
     replayable(run, CallCode.ROPE, args)
     record = run.native.record        # (the prepare holds the record, not the call: no cycle)
+    held = [None]
 
     def set_angles() -> bool:
-        """The replay's prepare: this step's angle tables, beside the record."""
-        _, _, record.p0, record.p1 = env.memo(key, inputs, angles)
+        """The replay's prepare: this step's angle tables, beside the record, held here (a
+        later ROPE of the run with other inputs replaces the memo's entry before this one's
+        call reads the tables)."""
+        held[0] = env.memo(key, inputs, angles)
+        _, _, record.p0, record.p1 = held[0]
         return False
     run.native.prepare = set_angles
     return run
+
+
+def is_input(t: Tensor) -> bool:
+    """Whether ``t``'s values are set before a graph runs (a leaf, or a view of one), not
+    computed by one of its nodes."""
+    while t.view_src is not None:
+        t = t.view_src
+    return t.op == Op.NONE

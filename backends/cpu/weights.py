@@ -94,10 +94,10 @@ class WeightCache:
     def _store(self, key: tuple, generation: int, values: np.ndarray) -> None:
         budget = self.budget
         with self._lock:
-            self.version += 1
             old = self._entries.pop(key, None)
             if old is not None:
                 self.nbytes -= old[1].nbytes
+                self.version += 1
             if values.nbytes > budget:
                 log.debug("weight of %d bytes exceeds the cache budget; decoded per use",
                           values.nbytes)
@@ -107,6 +107,7 @@ class WeightCache:
                 self.nbytes -= evicted.nbytes
             self._entries[key] = (generation, values)
             self.nbytes += values.nbytes
+            self.version += 1
 
     def clear(self) -> None:
         """Drop every entry."""

@@ -423,6 +423,7 @@ static inline __attribute__((always_inline)) void mac32_rows(
 #define MAC_COLUMNS 16
 #define mac_rows mac16_rows
 #endif
+_Static_assert(FA_CELLS % MAC_COLUMNS == 0, "a block's cells are whole products of columns");
 
 /* S[r][0:FA_CELLS] = Q[r] . Kt for R rows */
 static inline __attribute__((always_inline)) void qk_rows(const float *Q, int64_t D,
@@ -642,11 +643,12 @@ static void attend_tile_span(const fa_op *op, int64_t s, int64_t hk, int64_t i0,
     const int64_t G = op->n_head / op->n_head_kv, rows = nq * G;
     int64_t lo, hi;
     tile_rows(op, s, hk, i0, nq, t, &lo, &hi);
-    if (parts > 1 && hi > lo) {
-        const int64_t span = ((hi - lo + parts - 1) / parts + FA_CELLS - 1) / FA_CELLS * FA_CELLS;
-        const int64_t from = lo + part * span;
-        lo = from < hi ? from : hi;
-        hi = from + span < hi ? from + span : hi;
+    if (parts > 1 && hi > lo) {                /* blocks p B / parts .. (p + 1) B / parts */
+        const int64_t blocks = (hi - lo + FA_CELLS - 1) / FA_CELLS;
+        const int64_t from = lo + part * blocks / parts * FA_CELLS;
+        const int64_t to = lo + (part + 1) * blocks / parts * FA_CELLS;
+        lo = from;
+        hi = to < hi ? to : hi;
     }
     prefetch_block(op, s, hk, lo, hi);
     for (int64_t c0 = lo; c0 < hi; c0 += FA_CELLS) {

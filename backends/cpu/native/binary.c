@@ -24,7 +24,8 @@ enum { BINARY_ADD = 0, BINARY_SUB = 1, BINARY_MUL = 2, BINARY_DIV = 3 };
             for (int64_t j = 0; j < n; j++) { const float y = br[j % bn]; dr[j] = (EXPR); } \
     } while (0)
 
-/* d = a op b (BINARY_*); a and d have unit element stride, b unit element stride */
+/* d = a op b (BINARY_*); a and d have unit element stride, b too or one value per row (its
+ * ne0 1); d is a, b, or apart from both */
 void pd_binary_f32(const pd_tensor *a, const pd_tensor *b, const pd_tensor *d, int op,
                    int n_threads) {
     const int64_t n = a->ne[0], ne1 = a->ne[1], ne2 = a->ne[2];

@@ -3,10 +3,11 @@
  *
  * The array kernel's numpy calls (exp, add, divide, multiply; GELU's nine) cost more in calls
  * than in arithmetic on a decode step's row. Here the same float32 operations in the same
- * order run in one pass, exp by exp8 (blocks.h, about 1 ulp; numpy's own float32 exp is of
- * the same accuracy) and expf for the last values of a row. GELU's 1 + tanh(u) is computed as
- * 2 / (1 + exp(-2 u)), equal in exact arithmetic and as accurate in float32 (numpy's tanh
- * then adding 1 loses the small values of 1 + tanh(u) for very negative u; this does not).
+ * order run in one pass (SWIGLU's; GEGLU's apart from its tanh), exp by exp8 (blocks.h, about
+ * 1 ulp; numpy's own float32 exp is of the same accuracy) and expf for the last values of a
+ * row. GELU's 1 + tanh(u) is computed as 2 / (1 + exp(-2 u)), equal in exact arithmetic
+ * (numpy's tanh then adding 1 rounds 1 + tanh(u) to 0 below u = -9; this keeps it, down to
+ * where exp(-2 u) overflows: 0 there, as numpy's, so -inf gives NaN as numpy's does).
  */
 #include "blocks.h"
 
@@ -47,8 +48,11 @@ static void geglu_row(const float *x, const float *g, float *d, int64_t n) {
         __m256 v = _mm256_loadu_ps(x + j);
         __m256 u = _mm256_mul_ps(_mm256_mul_ps(_mm256_add_ps(
             _mm256_mul_ps(_mm256_mul_ps(v, v), a), one), v), s);
-        __m256 e = _mm256_add_ps(exp8(_mm256_mul_ps(minus_two, u)), one);
-        __m256 t = _mm256_mul_ps(_mm256_div_ps(two, e), half);
+        __m256 m2u = _mm256_mul_ps(minus_two, u);
+        __m256 e = _mm256_add_ps(exp8(m2u), one);
+        /* exp8 saturates at exp(88) where expf overflows to inf (2 / inf: 0) */
+        __m256 over = _mm256_cmp_ps(m2u, _mm256_set1_ps(88.0f), _CMP_GT_OQ);
+        __m256 t = _mm256_andnot_ps(over, _mm256_mul_ps(_mm256_div_ps(two, e), half));
         _mm256_storeu_ps(d + j, _mm256_mul_ps(_mm256_mul_ps(v, t), _mm256_loadu_ps(g + j)));
     }
 #endif
