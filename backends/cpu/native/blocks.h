@@ -144,6 +144,31 @@ static inline __attribute__((always_inline)) __m256 exp8(__m256 x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+/* exp8's operations on 16 floats: lane for lane the same results */
+static inline __attribute__((always_inline)) __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.3365478515625f), hi = _mm512_set1_ps(88.0f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 c = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)),
+                                  23);
+    __m512 y = _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
+    return _mm512_mask_blend_ps(nan, y, x);
+}
+#endif
+
 /* 16 bytes of nibbles: the low nibbles (elements 0-15) then the high ones (16-31) */
 static inline __attribute__((always_inline)) __m256i nibbles(const uint8_t *qs) {
     __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0xF);
