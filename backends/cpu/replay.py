@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Callable
 
 from polydev.device import GraphPlan
 
+from .native import kernels
+
 if TYPE_CHECKING:
     from polydev.device import Backend
     from polydev.graph import Graph
-
-from .native import kernels
 
 Prepare = Callable[[], bool]
 
@@ -89,12 +89,14 @@ class NativeRun:
         self._records = [n.record for n in natives]                 # kept alive
         self._table = (ctypes.c_int64 * len(calls))(*map(ctypes.addressof, self._records))
         self._prepares = [n.prepare for n in natives if n.prepare is not None]
+        # what the prepares hold (copies of weights), let go on a fallback to calls one by one
+        self._releases = [p.release for p in self._prepares if hasattr(p, "release")]
         self._replay = kernels().replay
 
     def __call__(self) -> None:
         if not self._prepared():
-            for prepare in self._prepares:   # the cache is too small for the run's copies:
-                getattr(prepare, "release", lambda: None)()     # none held beyond its budget
+            for release in self._releases:   # the cache is too small for the run's copies:
+                release()                    # none held beyond its budget
             for call in self.calls:
                 call()
             return
