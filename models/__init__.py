@@ -10,6 +10,7 @@ tests/test_import_directions.py keeps it). Needs the ``models`` extra
 from .batch import Batch, UBatch
 from .default_model import default_model_path
 from .gguf import GGUFFile, GGUFTensorInfo, StringArray
+from .grammar import Grammar, GrammarError
 from .hparams import HParams
 from .loader import ModelWeights, load_weights
 from .model import Model, load
@@ -19,7 +20,8 @@ from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, Vocab
 
 __all__ = [
-    "Batch", "UBatch", "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray", "HParams",
+    "Batch", "UBatch", "default_model_path", "GGUFFile", "GGUFTensorInfo", "StringArray",
+    "Grammar", "GrammarError", "HParams",
     "ModelWeights", "load_weights", "Model", "load", "Sampler", "SamplingParams", "DeviceUsage",
     "Placement", "PlacementSettings", "TensorPlacement", "parse_size", "plan_placement",
     "Tokenizer", "Vocab",

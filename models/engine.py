@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -36,12 +36,12 @@ from polydev.errors import ContextFullError, InvalidArgumentError, PolydevError
 
 from .batch import Batch
 from .kv_cells import MAX_SEQUENCES
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, TokenLogprob
 from .stop_strings import StopMatcher
 from .streaming import Utf8Stream
 
-__all__ = ["BatchEngine", "EngineSnapshot", "Event", "Finished", "Handle", "Piece",
-           "QueueFullError", "SlotState"]
+__all__ = ["BatchEngine", "Constraint", "EngineSnapshot", "Event", "Finished", "Handle",
+           "Piece", "QueueFullError", "SlotState", "TokenLogprob"]
 
 log = logging.getLogger(__name__)
 _MIN_SHARED_PREFIX = 16     # a shorter common prefix is cheaper to recompute than to share
@@ -51,13 +51,25 @@ class QueueFullError(PolydevError, RuntimeError):
     """The engine's queue of waiting requests is full; try again later."""
 
 
+class Constraint(Protocol):
+    """What a request's tokens must follow (``polydev.models.grammar.GrammarMatcher``)."""
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with the tokens refused next at minus infinity."""
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token``."""
+
+
 @dataclass(frozen=True)
 class Piece:
     """Text generated for a request (whole UTF-8 characters, stop strings held back) and the
-    tokens sampled since the last piece (a token may show no text of its own)."""
+    tokens sampled since the last piece (a token may show no text of its own), with their
+    log-probabilities when the request asked for them."""
 
     text: str
     tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,13 +115,19 @@ class EngineSnapshot:
 
 @dataclass
 class Handle:
-    """A submitted request: its settings, and ``cancel()``."""
+    """A submitted request: its settings, and ``cancel()``. ``constraint``: what its tokens
+    must follow; ``logprobs``: how many alternatives each token's log-probability lists
+    (None: no log-probabilities); ``show_special``: control tokens appear as their text (a
+    chat format's markers, such as Mistral's ``[TOOL_CALLS]``)."""
 
     prompt: list[int]
     max_tokens: int
     params: SamplingParams
     stops: tuple[str, ...]
     on_event: Callable[[Event], None]
+    constraint: Constraint | None = None
+    logprobs: int | None = None
+    show_special: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
 
@@ -130,6 +148,7 @@ class _Slot:
     stop: StopMatcher | None = None
     generated: int = 0
     unsent: list[int] = field(default_factory=list)    # generated, their text not yet shown
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
     cached_prompt: int = 0
     first_token: float | None = None
     last_used: int = 0
@@ -157,9 +176,13 @@ class BatchEngine:
 
     def submit(self, prompt: Sequence[int], on_event: Callable[[Event], None], *,
                max_tokens: int = 128, params: SamplingParams | None = None,
-               stops: str | Sequence[str] = ()) -> Handle:
+               stops: str | Sequence[str] = (), constraint: Constraint | None = None,
+               logprobs: int | None = None, show_special: bool = False) -> Handle:
         """Queue a request for ``prompt`` (token ids); its events go to ``on_event``.
-        ``stops``: strings that end the text (one string is one stop, not its characters)."""
+        ``stops``: strings that end the text (one string is one stop, not its characters);
+        ``constraint``: what the tokens must follow (a grammar's matcher, new for this
+        request); ``logprobs``: report each token's log-probability and its ``logprobs`` most
+        likely alternatives'; ``show_special``: control tokens appear as their text."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise InvalidArgumentError("the prompt has no tokens")
@@ -173,8 +196,11 @@ class BatchEngine:
         if bad:
             raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary "
                                        f"[0, {n_vocab})")
+        if logprobs is not None and logprobs < 0:
+            raise InvalidArgumentError(f"logprobs must be >= 0, got {logprobs}")
         stops = (stops,) if isinstance(stops, str) else tuple(stops)
-        handle = Handle(prompt, max_tokens, params or SamplingParams(), stops, on_event)
+        handle = Handle(prompt, max_tokens, params or SamplingParams(), stops, on_event,
+                        constraint, logprobs, show_special)
         with self._wake:
             free_slots = sum(s.handle is None for s in self.slots)
             if len(self._queue) >= self.max_queued + free_slots:
@@ -255,14 +281,15 @@ class BatchEngine:
             self.step()
 
     def stream(self, prompt: Sequence[int], *, max_tokens: int = 128,
-               params: SamplingParams | None = None,
-               stops: str | Sequence[str] = ()) -> Iterator[Event]:
-        """Submit a request and step the engine on this thread until it ends, yielding its
-        events as they come (the last one is its ``Finished``). Leaving the loop early (a
-        consumer that stops, Ctrl-C) cancels the request and frees its slot."""
+               params: SamplingParams | None = None, stops: str | Sequence[str] = (),
+               constraint: Constraint | None = None,
+               logprobs: int | None = None) -> Iterator[Event]:
+        """Submit a request (as ``submit``) and step the engine on this thread until it ends,
+        yielding its events as they come (the last one is its ``Finished``). Leaving the loop
+        early (a consumer that stops, Ctrl-C) cancels the request and frees its slot."""
         events: deque[Event] = deque()
         handle = self.submit(prompt, events.append, max_tokens=max_tokens, params=params,
-                             stops=stops)
+                             stops=stops, constraint=constraint, logprobs=logprobs)
         finished = False
         try:
             while not finished:
@@ -329,8 +356,24 @@ class BatchEngine:
             with self._lock:
                 if not free or not self._queue:
                     return
-                handle = self._queue.popleft()
+                handle = next((h for h in self._queue if not self._worth_waiting(h.prompt)),
+                              None)
+                if handle is None:
+                    return
+                self._queue.remove(handle)
             self._start(self._pick_slot(free, handle.prompt), handle)
+
+    def _worth_waiting(self, prompt: list[int]) -> bool:
+        """Whether a slot reading its prompt now will hold more of ``prompt``'s beginning
+        than any cache holds: then ``prompt`` waits for it, to share those cells instead of
+        computing them again (``n`` choices of one prompt, a common system prompt)."""
+        readers = [s for s in self.slots if s.handle is not None and s.pending]
+        if not readers:
+            return False
+        head = prompt[:-1]
+        held = max(_common_prefix(s.cached, head) for s in self.slots)
+        return any(_common_prefix(s.handle.prompt, head) >= max(held + 1, _MIN_SHARED_PREFIX)
+                   for s in readers)
 
     def _pick_slot(self, free: list[_Slot], prompt: list[int]) -> _Slot:
         """The free slot whose cache begins as ``prompt`` does for longest; else the one
@@ -437,17 +480,27 @@ class BatchEngine:
         if slot.handle.max_tokens == 0:     # the prompt is read and cached, nothing sampled
             self._finish(slot, "length")
             return
+        constraint = slot.handle.constraint
+        if constraint is not None:
+            logits = constraint.mask(logits)
         token = slot.sampler.sample(logits)
+        if constraint is not None and not np.isfinite(logits[token]):
+            raise InvalidArgumentError("the request's grammar allows no token here")
         if slot.first_token is None:
             slot.first_token = time.perf_counter() - slot.handle.submitted
         tokenizer = self.model.tokenizer
         if tokenizer.is_eog(token):
             self._finish(slot, "stop")
             return
+        if constraint is not None:
+            constraint.accept(token)
+        if slot.handle.logprobs is not None:
+            slot.unsent_logprobs.append(slot.sampler.logprobs(token, slot.handle.logprobs))
         slot.sampler.accept(token)
         slot.generated += 1
         slot.unsent.append(token)
-        text, stopped = slot.stop.feed(slot.utf8.feed(tokenizer.token_to_piece(token)))
+        text, stopped = slot.stop.feed(slot.utf8.feed(tokenizer.token_to_piece(
+            token, special=slot.handle.show_special)))
         if text:
             self._send(slot, text)
         if stopped:
@@ -461,8 +514,8 @@ class BatchEngine:
 
     @staticmethod
     def _send(slot: _Slot, text: str) -> None:
-        slot.handle.on_event(Piece(text, tuple(slot.unsent)))
-        slot.unsent = []
+        slot.handle.on_event(Piece(text, tuple(slot.unsent), tuple(slot.unsent_logprobs)))
+        slot.unsent, slot.unsent_logprobs = [], []
 
     def _finish(self, slot: _Slot, reason: str, error: Exception | None = None,
                 flush: bool = True) -> None:
@@ -472,7 +525,8 @@ class BatchEngine:
             tail += "" if stopped else slot.stop.flush()
             if tail or slot.unsent:
                 self._send(slot, tail)
-        slot.handle, slot.pending, slot.next_token, slot.unsent = None, [], None, []
+        slot.handle, slot.pending, slot.next_token = None, [], None
+        slot.unsent, slot.unsent_logprobs = [], []
         handle.on_event(Finished(reason, len(handle.prompt), slot.generated, slot.cached_prompt,
                                  slot.first_token, error))
 

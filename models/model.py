@@ -8,6 +8,7 @@ step evaluator together: ``tokenize``/``detokenize``, ``eval`` and ``logits``, `
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Iterator, Sequence
 
@@ -24,6 +25,7 @@ from .default_model import default_model_path
 from .engine import BatchEngine, Piece
 from .evaluator import Evaluator, Timings
 from .gguf import GGUFFile
+from .grammar import Grammar, GrammarVocabulary
 from .kv_cache import KVCache
 from .kv_cells import MAX_SEQUENCES
 from .loader import ModelWeights, load_weights
@@ -32,6 +34,7 @@ from .placement_settings import PlacementSettings, settings_from
 from .harmony import is_harmony
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
+from .tool_calls import template_writes_tools, without_tool_roles
 
 __all__ = ["Model", "load"]
 
@@ -80,6 +83,8 @@ class Model(Resource):
         self._edits = 0                      # memory edits that ``tokens`` has seen
         self.generated: list[int] = []       # the tokens the last generate produced
         self._engine = BatchEngine(self, n_slots=1, max_queued=0)   # generate's, on sequence 0
+        self._grammar_vocabulary: GrammarVocabulary | None = None
+        self._grammar_lock = threading.Lock()
 
     # --- text ------------------------------------------------------------------------------
 
@@ -145,13 +150,14 @@ class Model(Resource):
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: int | None = None, stop: str | Sequence[str] = (),
                  add_special: bool = True, parse_special: bool = False,
-                 keep_context: bool = False) -> Iterator[str]:
+                 keep_context: bool = False, grammar: Grammar | None = None) -> Iterator[str]:
         """Text pieces of the continuation of ``prompt`` (text, or token ids), streamed as they
         are generated; stops at an end-of-generation token, at a ``stop`` string (not
         shown) or after ``max_tokens``. ``temperature=0`` is greedy. The context starts over
         from the prompt (reusing the cached tokens it begins with), or continues after them
-        with ``keep_context``. This is the batching engine (``polydev.models.engine``) with
-        one sequence, sequence 0 of the cache."""
+        with ``keep_context``. ``grammar``: what the text must match (a JSON schema, GBNF,
+        Lark or a regular expression: ``polydev.models.grammar``). This is the batching
+        engine (``polydev.models.engine``) with one sequence, sequence 0 of the cache."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 seed=seed)
@@ -160,10 +166,12 @@ class Model(Resource):
             raise InvalidArgumentError("the prompt has no tokens")
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
-        return self._generate(ids, max_tokens, params, stop, keep_context)
+        constraint = None if grammar is None else self.grammar_vocabulary.matcher(grammar)
+        return self._generate(ids, max_tokens, params, stop, keep_context, constraint)
 
     def _generate(self, ids: list[int], max_tokens: int, params: SamplingParams,
-                  stops: str | Sequence[str], keep_context: bool) -> Iterator[str]:
+                  stops: str | Sequence[str], keep_context: bool,
+                  constraint=None) -> Iterator[str]:
         self._check_open()
         if self._engine.release(0):         # a generation left open ends here, where it was
             self.tokens, self._edits = self._engine.cached(0), self.kv.edits
@@ -172,7 +180,8 @@ class Model(Resource):
         prompt = self.tokens + ids if keep_context else ids
         self._engine.adopt(0, self.tokens)
         self.generated, self._logits = [], None
-        events = self._engine.stream(prompt, max_tokens=max_tokens, params=params, stops=stops)
+        events = self._engine.stream(prompt, max_tokens=max_tokens, params=params, stops=stops,
+                                     constraint=constraint)
         try:
             for event in events:
                 if isinstance(event, Piece):
@@ -233,6 +242,15 @@ class Model(Resource):
                              **sampling)
 
     @property
+    def grammar_vocabulary(self) -> GrammarVocabulary:
+        """The model's tokens as constrained sampling needs them (``polydev.models.grammar``;
+        built at the first use, 0.1-0.6 s, then kept; any thread)."""
+        with self._grammar_lock:
+            if self._grammar_vocabulary is None:
+                self._grammar_vocabulary = GrammarVocabulary(self.tokenizer)
+            return self._grammar_vocabulary
+
+    @property
     def speaks_harmony(self) -> bool:
         """Whether replies come in gpt-oss's harmony channels (``polydev.models.harmony``:
         reasoning and answer apart)."""
@@ -249,13 +267,19 @@ class Model(Resource):
                                        str(self.file.path)).template
         return template
 
-    def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> str:
+    def chat_prompt(self, messages: Sequence[dict[str, Any]],
+                    tools: Sequence[dict[str, Any]] | None = None) -> str:
         """``messages`` rendered by the model's chat template (``chat_template``), ready for
-        the assistant."""
+        the assistant; ``tools``: the functions it may call (OpenAI's ``tools``), rendered by
+        the template, or described in the system message where the template has no place
+        for them (``polydev.models.tool_calls``)."""
         tok = self.tokenizer
         bos = tok.vocab.tokens[tok.bos_id] if tok.bos_id is not None else ""
         eos = tok.vocab.tokens[tok.eos_id] if tok.eos_id is not None else ""
-        text = render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
+        template = self.chat_template
+        if tools and not template_writes_tools(template):
+            messages, tools = without_tool_roles(messages, tools), None
+        text = render_chat(template, messages, bos_token=bos, eos_token=eos, tools=tools)
         if tok.vocab.add_bos and bos and not text.startswith(bos):
             text = bos + text                  # llama.cpp adds BOS when the template does not
         return text

@@ -4,6 +4,12 @@ last ``repeat_last_n`` tokens (off by default), top-k 40, top-p 0.95, min-p 0.05
 
 Each step works on the logits of one token as numpy arrays of the surviving candidates; no
 Python loop runs over the vocabulary.
+
+``Sampler.logprobs`` reports a sampled token's log-probability, and its most likely
+alternatives', in the distribution the draw came from: the logits after the penalties (and a
+grammar's mask), at the request's temperature (1 when greedy), over the whole vocabulary. The
+truncations (top-k, top-p, min-p) are left out, so that every alternative listed has a finite
+log-probability, as llama-server reports them by default.
 """
 
 from __future__ import annotations
@@ -15,7 +21,17 @@ import numpy as np
 
 from polydev.errors import InvalidArgumentError
 
-__all__ = ["SamplingParams", "Sampler"]
+__all__ = ["SamplingParams", "Sampler", "TokenLogprob"]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability and the ``top`` most likely tokens' (id, log-prob),
+    most likely first, in the distribution it was drawn from (``Sampler.logprobs``)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,7 @@ class Sampler:
         last_n = self.params.repeat_last_n
         self._recent: deque[int] = deque(maxlen=n_ctx if last_n == -1 else max(last_n, 0))
         self._rng = np.random.default_rng(self.params.seed)
+        self._values: np.ndarray | None = None     # the last draw's logits, penalties applied
 
     def accept(self, token: int) -> None:
         """Record a token of the sequence (prompt or generated) for the penalties."""
@@ -69,6 +86,7 @@ class Sampler:
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
         values = self._penalize(logits.copy()) if self._penalties_on() else logits
+        self._values = values
         if p.greedy:
             return int(np.argmax(values))
         ids, values = _top_k(values, p.top_k)
@@ -78,6 +96,21 @@ class Sampler:
         probs = np.exp(values - values.max())
         probs /= probs.sum()
         return int(ids[self._rng.choice(len(ids), p=probs)])
+
+    def logprobs(self, token: int, n_top: int) -> TokenLogprob:
+        """``token``'s log-probability and the ``n_top`` most likely tokens' in the last
+        ``sample``'s distribution (see the module doc)."""
+        if self._values is None:
+            raise InvalidArgumentError("logprobs needs a sample first")
+        scaled = self._values / (self.params.temperature if not self.params.greedy else 1.0)
+        finite = scaled[np.isfinite(scaled)]
+        top = float(finite.max())
+        log_total = top + float(np.log(np.sum(np.exp(finite - top))))
+        k = min(n_top, finite.size)
+        ids = np.argpartition(-scaled, k - 1)[:k] if k else np.zeros(0, np.int64)
+        ids = ids[np.argsort(-scaled[ids], kind="stable")]   # minus infinity sorts last
+        return TokenLogprob(int(token), float(scaled[token]) - log_total,
+                            tuple((int(i), float(scaled[i]) - log_total) for i in ids))
 
     def _penalties_on(self) -> bool:
         p = self.params

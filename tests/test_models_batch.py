@@ -589,3 +589,25 @@ def test_a_request_whose_sampling_fails_ends_alone(engine_model, monkeypatch):
     assert sorted(e.reason for e in ends.values())[0] == "error"
     assert {e.reason for e in ends.values()} - {"error"} <= {"stop", "length"}
     assert sum(e.reason == "error" for e in ends.values()) == 1
+
+
+def test_requests_with_one_prompt_share_its_cells(engine_model):
+    """Three requests of one 40-token prompt submitted together (``n`` choices): one reads
+    the prompt, the others wait for it and share its cells, and each generates what it
+    generates alone."""
+    prompt = tokens_for(40, 21)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        engine = BatchEngine(m, n_slots=3)
+        ends, tokens = {}, {}
+        for i in range(3):
+            def on_event(event, i=i):
+                if isinstance(event, Piece):
+                    tokens.setdefault(i, []).extend(event.tokens)
+                else:
+                    ends[i] = event
+            engine.submit(prompt, on_event, max_tokens=4, params=SamplingParams(temperature=0))
+        engine.step()
+        assert engine.processing == 1 and m.memory.cells.used == 40
+        engine.run_until_done()
+    assert sorted(e.cached_tokens for e in ends.values()) == [0, 39, 39]
+    assert tokens[0] == tokens[1] == tokens[2] == generate_alone(engine_model, prompt, 4)

@@ -239,6 +239,17 @@ class Tokenizer:
             out.append(self._required("eos"))
         return out
 
+    def encode_fragment(self, text: str) -> list[int]:
+        """Token ids of ``text`` as a part in the middle of a text: no BOS or EOS, no
+        SentencePiece space prefix, control tokens not parsed (a grammar's forced text)."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode_fragment needs a str, got {type(text).__name__}")
+        if not text:
+            return []
+        if self.vocab.model == "llama":
+            return self._backend.encode(text.replace(" ", _SPACE))
+        return self._encode_text(text, parse_special=False)
+
     def _encode_text(self, text: str, parse_special: bool) -> list[int]:
         parts = self._splitter.split(text, parse_special)
         if self.vocab.model == "llama":
