@@ -37,12 +37,25 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
     markup, and ``"<|start|>" + x|tojson`` then HTML-escapes the plain text beside it (gpt-oss's
     tool messages, Qwen's tool lists)."""
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+                      sort_keys=sort_keys, default=_listed)
+
+
+def _listed(value: Any) -> list:
+    """What JSON cannot write as it is: an iterable (a template's ``map`` or ``select``
+    filter gives a generator) as a list."""
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{type(value).__name__} is not JSON serializable") from None
 
 
 def render_chat(template: str | None, messages: Sequence[dict[str, Any]], *, bos_token: str = "",
-                eos_token: str = "", add_generation_prompt: bool = True) -> str:
-    """The prompt text for ``messages`` (dicts with "role" and "content")."""
+                eos_token: str = "", add_generation_prompt: bool = True,
+                tools: Sequence[dict[str, Any]] | None = None) -> str:
+    """The prompt text for ``messages`` (dicts with "role" and "content", and OpenAI's
+    ``tool_calls``, ``tool_call_id`` and ``name`` where they have them); ``tools``: the
+    functions the model may call (OpenAI's ``tools`` list), given to the template as
+    ``tools``."""
     try:
         from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -64,9 +77,10 @@ def render_chat(template: str | None, messages: Sequence[dict[str, Any]], *, bos
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
+    extra = {"tools": list(tools)} if tools else {}
     try:
         return env.from_string(template).render(
             messages=list(messages), bos_token=bos_token, eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt)
+            add_generation_prompt=add_generation_prompt, **extra)
     except TemplateError as e:
         raise InvalidArgumentError(f"the chat template failed: {e}") from None

@@ -5,11 +5,14 @@ messages, each ``<|channel|>NAME<|message|>TEXT`` and closed by ``<|end|>`` befo
 
 ``ChannelSplitter`` turns the generated text, piece by piece as it streams, into
 ("reasoning", text) and ("content", text) parts without the markup, as llama-server's
-``reasoning_content``/``content`` split does. A marker cut between two pieces is held back
-until it is whole.
+``reasoning_content``/``content`` split does. A message addressed to a function (``to=
+functions.NAME`` in its header: a tool call) is ("call", NAME) and then its arguments as
+("arguments", text) parts. A marker cut between two pieces is held back until it is whole.
 """
 
 from __future__ import annotations
+
+import re
 
 __all__ = ["ChannelSplitter", "is_harmony"]
 
@@ -17,6 +20,7 @@ _CHANNEL, _MESSAGE, _END, _START = "<|channel|>", "<|message|>", "<|end|>", "<|s
 _CLOSERS = (_END, "<|return|>", "<|call|>")
 _HEADS = (_CHANNEL, _START, "assistant")      # how a message's header may begin
 REASONING_CHANNELS = ("analysis",)
+_RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 
 
 def is_harmony(chat_template: str | None, token_texts) -> bool:
@@ -33,6 +37,7 @@ class ChannelSplitter:
     def __init__(self) -> None:
         self._buffer = ""
         self._channel: str | None = None     # None: reading a message's header
+        self._recipient: str | None = None   # the function a message calls
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         self._buffer += text
@@ -81,9 +86,15 @@ class ChannelSplitter:
         header, self._buffer = self._buffer[:end], self._buffer[end + len(_MESSAGE):]
         name = header.partition(_CHANNEL)[2].split()
         self._channel = name[0] if name else "final"
+        recipient = _RECIPIENT.search(header)
+        self._recipient = recipient.group(1) if recipient else None
+        if self._recipient is not None:
+            parts.append(("call", self._recipient))
         return True
 
     def _kind(self) -> str:
+        if self._recipient is not None:
+            return "arguments"
         return "reasoning" if self._channel in REASONING_CHANNELS else "content"
 
     def _emit(self, parts: list[tuple[str, str]], text: str) -> None:

@@ -50,6 +50,16 @@ def vocab_dir() -> Path:
     return root
 
 
+def templates_dir() -> Path:
+    """The folder of the real models' chat templates that llama.cpp tests with
+    (``models/templates/*.jinja``), where tests/setup.sh puts them."""
+    root = VOCAB_DIR.parent / "llama-templates"
+    if len(list(root.glob("*.jinja"))) < 10:
+        missing("POLYDEV_REQUIRE_LLAMA_CPP", f"llama.cpp's chat templates are not in {root} "
+                f"({SETUP})")
+    return root
+
+
 def opencl_devices(count: int = 1) -> list:
     """The first ``count`` OpenCL devices."""
     if len(OPENCL) < count:

@@ -5,7 +5,8 @@
 #   - the oracles: llama.cpp (llama-cpp-python: the portable wheel in ../shared/wheels when it
 #     is there, else PyPI's source build) and ggml itself (ggml-python, built from source);
 #   - llama.cpp's tokenizer test vectors (from the llama-cpp-python source distribution) in
-#     .test-data/llama-vocab, where the tests look for them;
+#     .test-data/llama-vocab, where the tests look for them, and its real models' chat
+#     templates in .test-data/llama-templates;
 #   - an OpenCL driver that can build and run a kernel on this processor: PyPI's PoCL (the
 #     opencl extra) where it can, else Debian's pocl-opencl-icd (see ensure_opencl below).
 # Run from the repository root (or anywhere: it changes there).
@@ -45,14 +46,17 @@ install_oracles() {
 }
 
 fetch_vocab_vectors() {
-    # models/ggml-vocab-*.gguf with their .inp/.out files; only those are extracted.
+    # models/ggml-vocab-*.gguf with their .inp/.out files, and the real models' chat
+    # templates (models/templates/*.jinja, for the tool-call tests); only those are extracted.
     local dir=.test-data/llama-vocab sdist=.test-data/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz
-    [ -f "$dir/ggml-vocab-llama-spm.gguf.inp" ] && return
-    mkdir -p "$dir"
+    local templates=.test-data/llama-templates
+    local models="llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp/models"
+    [ -f "$dir/ggml-vocab-llama-spm.gguf.inp" ] && [ -f "$templates/Qwen3-Coder.jinja" ] && return
+    mkdir -p "$dir" "$templates"
     [ -f "$sdist" ] || pip download -q --no-deps --no-binary :all: -d .test-data \
         "llama-cpp-python==$LLAMA_CPP_VERSION"
-    tar -xzf "$sdist" -C "$dir" --strip-components=4 \
-        --wildcards "llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp/models/ggml-vocab-*"
+    tar -xzf "$sdist" -C "$dir" --strip-components=4 --wildcards "$models/ggml-vocab-*"
+    tar -xzf "$sdist" -C "$templates" --strip-components=5 --wildcards "$models/templates/*.jinja"
 }
 
 ensure_opencl() {

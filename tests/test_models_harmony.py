@@ -56,35 +56,60 @@ def test_a_reply_outside_the_format_is_all_content():
                                                            "content": "Just an answer <| here"}
 
 
-def test_the_server_sends_reasoning_content_apart():
-    """The chat bodies: ``reasoning_content`` beside ``content``, whole and streamed."""
+def harmony_reply(reply_text: str, functions=None) -> tuple[dict, list[dict]]:
+    """The server's whole choice and stream chunks for one harmony reply."""
     from polydev.models.engine import Finished, Piece
 
     app = pytest.importorskip("polydev.server.app")       # the serve extra
-    _Reply, _stream = app._Reply, app._stream
+    from polydev.server.replies import ChoiceText, Reply
 
-    reply_text = ("<|channel|>analysis<|message|>The user asks.<|end|><|start|>assistant"
-                  "<|channel|>final<|message|>Paris.")
+    def text() -> ChoiceText:
+        return ChoiceText(0, chat=True, harmony=True, functions=functions,
+                          token_text=lambda t: b"")
     end = Finished(reason="stop", prompt_tokens=3, completion_tokens=9, cached_tokens=0,
                    first_token_seconds=None)
-    whole = _Reply("m", chat=True, harmony=True).whole(reply_text, end)
-    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Paris.",
-                                              "reasoning_content": "The user asks."}
+    whole_text = text()
+    parts = whole_text.feed(reply_text) + whole_text.feed(None)
+    whole = app._whole_choice(True, whole_text, parts, [], end)
 
     async def events():
         queue: asyncio.Queue = asyncio.Queue()
         for i in range(0, len(reply_text), 5):
-            queue.put_nowait(Piece(reply_text[i:i + 5], ()))
-        queue.put_nowait(end)
+            queue.put_nowait((0, Piece(reply_text[i:i + 5], ())))
+        queue.put_nowait((0, end))
         handle = type("Handle", (), {"cancel": lambda self: None})()
-        return [chunk async for chunk in _stream(_Reply("m", chat=True, harmony=True), queue,
-                                                 handle, False)]
+        return [chunk async for chunk in app._stream(Reply("m", chat=True), [text()], queue,
+                                                     [handle], False)]
     chunks = [json.loads(c.removeprefix("data: ")) for c in asyncio.run(events())
               if c.startswith("data: {")]
+    return whole, chunks
+
+
+def test_the_server_sends_reasoning_content_apart():
+    """The chat bodies: ``reasoning_content`` beside ``content``, whole and streamed."""
+    whole, chunks = harmony_reply("<|channel|>analysis<|message|>The user asks.<|end|>"
+                                  "<|start|>assistant<|channel|>final<|message|>Paris.")
+    assert whole["message"] == {"role": "assistant", "content": "Paris.",
+                                "reasoning_content": "The user asks."}
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "The user asks."
     assert "".join(d.get("content", "") for d in deltas) == "Paris."
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_the_server_reads_calls_from_the_commentary_channel():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    whole, chunks = harmony_reply(
+        "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant to=functions."
+        'get_weather<|channel|>commentary <|constrain|>json<|message|>{"city": "Oslo"}', tools)
+    [call] = whole["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    [streamed] = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]
+    assert streamed["index"] == 0 and streamed["function"] == call["function"]
+    assert "".join(d.get("content") or "" for d in deltas) == ""
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_polydev_run_prints_the_reasoning_to_stderr_and_keeps_the_answer(capsys):

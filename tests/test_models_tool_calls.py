@@ -1,0 +1,132 @@
+"""Tool calls: each family's own chat template writes an assistant's calls (the form its model
+was trained on), and polydev's parsers must read them back; streaming shows the content and
+never the start of a call; a reply that is not a call stays content."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("jinja2")
+
+from polydev.models.chat_template import render_chat  # noqa: E402
+from polydev.models.harmony import ChannelSplitter  # noqa: E402
+from polydev.models.tool_calls import (ToolCallStream, parse_tool_calls,  # noqa: E402
+                                       without_tool_roles)
+
+from needs import templates_dir  # noqa: E402
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                        "days": {"type": "integer"}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web", "parameters": {"type": "object",
+                                         "properties": {"query": {"type": "string"}}}}},
+]
+CALLS = [("get_weather", {"city": "Paris", "days": 3}), ("search", {"query": "1 < 2 & \"x\""})]
+# the template's end-of-turn text, which generation never shows (it ends at that token)
+ENDS = ("</s>", "<|eot_id|>", "<|im_end|>", "<｜end▁of▁sentence｜>", "<|eom_id|>")
+FAMILIES = ["Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
+            "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "Qwen3-Coder",
+            "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506",
+            "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct",
+            "meta-llama-Llama-3.2-3B-Instruct", "llama-cpp-deepseek-r1",
+            "deepseek-ai-DeepSeek-V3.1"]
+SINGLE_CALL = {"meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct"}
+
+
+def assistant_text(template: str, calls: list[tuple[str, dict]]) -> str:
+    """What the template writes for an assistant turn that makes ``calls``: the rendering
+    with that turn minus the rendering up to the generation prompt, cut at the turn's end."""
+    user = [{"role": "user", "content": "Weather in Paris?"}]
+    tool_calls = [{"id": f"abc{i}XYZ12", "type": "function",
+                   "function": {"name": name, "arguments": arguments}}
+                  for i, (name, arguments) in enumerate(calls)]
+    prompt = render_chat(template, user, tools=TOOLS, bos_token="<s>", eos_token="</s>")
+    whole = render_chat(template, user + [{"role": "assistant", "content": "",
+                                           "tool_calls": tool_calls}],
+                        tools=TOOLS, add_generation_prompt=False, bos_token="<s>",
+                        eos_token="</s>")
+    n = next((i for i, (a, b) in enumerate(zip(prompt, whole)) if a != b),
+             min(len(prompt), len(whole)))
+    if n < len(prompt):                 # the prompt's end (an opened think block) is not
+        n = whole.rfind(">", 0, n) + 1  # the turn's: cut after the last whole marker
+    text = whole[n:]
+    for end in ENDS:
+        text = text.split(end)[0]
+    return text
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_reads_back_the_calls_its_template_writes(family):
+    template = (templates_dir() / f"{family}.jinja").read_text()
+    calls = CALLS[:1] if family in SINGLE_CALL else CALLS
+    text = assistant_text(template, calls)
+    content, parsed = parse_tool_calls(text, TOOLS)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls, text
+    assert content.replace("<think>", "").replace("</think>", "").strip() == ""
+    assert len({c.id for c in parsed}) == len(parsed)
+
+    stream, shown = ToolCallStream(TOOLS), ""
+    for i in range(0, len(text), 3):          # pieces cut anywhere, markers included
+        shown += stream.feed(text[i:i + 3])
+    rest, streamed = stream.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in streamed] == calls
+    assert not any(m in shown + rest for m in ("<tool_call>", "[TOOL_CALLS]", '"name"'))
+
+
+def test_content_before_a_call_streams_and_text_that_is_no_call_stays_content():
+    stream = ToolCallStream(TOOLS)
+    shown = stream.feed("Let me look. ") + stream.feed("<tool_") + stream.feed("call>\n")
+    assert shown == "Let me look. "
+    shown += stream.feed('{"name": "search", "arguments": {"query": "x"}}\n</tool_call>')
+    rest, calls = stream.finish()
+    assert shown + rest == "Let me look. " and [c.name for c in calls] == ["search"]
+
+    for text in ('{"name": "unknown_function", "parameters": {}}', "<tool_call>{not json",
+                 "[TOOL_CALLS] nothing", 'A plain answer with {"braces"}.'):
+        assert parse_tool_calls(text, TOOLS) == (text, [])
+        stream = ToolCallStream(TOOLS)
+        shown = stream.feed(text)
+        rest, calls = stream.finish()
+        assert shown + rest == text and calls == []
+
+
+def test_qwen3_coder_values_are_strings_where_the_schema_says_so():
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n"
+            "<parameter=days>\n7\n</parameter>\n</function>\n</tool_call>")
+    _, [call] = parse_tool_calls(text, TOOLS)
+    assert json.loads(call.arguments) == {"city": "42", "days": 7}
+
+
+def test_gpt_oss_calls_come_out_of_the_commentary_channel():
+    text = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant "
+            "to=functions.get_weather<|channel|>commentary json<|message|>"
+            '{"city": "Paris"}')
+    splitter, parts = ChannelSplitter(), []
+    for i in range(0, len(text), 4):
+        parts += splitter.feed(text[i:i + 4])
+    parts += splitter.finish()
+    assert "".join(p for k, p in parts if k == "reasoning") == "Need the weather."
+    assert [p for k, p in parts if k == "call"] == ["get_weather"]
+    assert json.loads("".join(p for k, p in parts if k == "arguments")) == {"city": "Paris"}
+    assert not [p for k, p in parts if k == "content"]
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message():
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "x", "function": {"name": "get_weather",
+                                             "arguments": {"city": "Oslo"}}}]},
+                {"role": "tool", "tool_call_id": "x", "content": "-3 C"}]
+    out = without_tool_roles(messages, TOOLS)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"].startswith("Be brief.") and '"get_weather"' in out[0]["content"]
+    _, [call] = parse_tool_calls(out[2]["content"], TOOLS)
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo"})
+    assert "<tool_response>\n-3 C\n</tool_response>" == out[3]["content"]
