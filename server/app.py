@@ -13,8 +13,8 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -25,10 +25,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from polydev.errors import ContextFullError, PolydevError
+from polydev.models import SamplingParams
 from polydev.models.engine import Finished, Piece, QueueFullError
-from polydev.models.harmony import ChannelSplitter
+from polydev.models.grammar import CONTROL_TYPES, Grammar, GrammarError
+from polydev.models.tool_calls import call_grammar
 
 from .metrics import prometheus_text
+from .replies import ChoiceText, Reply, finish_reason, merge_logprobs, usage
 from .requests import Generation, RequestError, read_chat, read_completion
 from .worker import ModelWorker
 
@@ -37,7 +40,6 @@ __all__ = ["create_app"]
 log = logging.getLogger(__name__)
 _RETRY_AFTER = "1"              # seconds a client told 503 should wait
 _DISCONNECT_POLL = 0.5          # seconds between checks that a waiting client is still there
-_FIELDS = {"content": "content", "reasoning": "reasoning_content"}
 _PUBLIC = ("/health", "/v1/models")     # answered without the API key, as llama-server
 
 
@@ -132,141 +134,163 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
         raise RequestError(f"the request body is not valid JSON: {e}") from None
     gen = read(body)
     model = worker.model
+    param = "messages" if chat else "prompt"
     try:
-        ids = await run_in_threadpool(_prompt_ids, model, gen)
+        ids, constraints = await run_in_threadpool(_prepare, model, gen)
         queue: asyncio.Queue = asyncio.Queue()
-        handle = worker.submit(ids, asyncio.get_running_loop(), queue,
-                               max_tokens=model.n_ctx if gen.max_tokens is None
-                               else gen.max_tokens, params=gen.params, stops=gen.stops)
+        handles = [worker.submit(ids, asyncio.get_running_loop(), queue, index=i,
+                                 max_tokens=model.n_ctx if gen.max_tokens is None
+                                 else gen.max_tokens, params=_choice_params(gen, i),
+                                 stops=gen.stops, constraint=constraints[i],
+                                 logprobs=gen.logprobs, show_special=gen.tools is not None)
+                   for i in range(gen.n)]
     except QueueFullError as e:
         raise RequestError(f"the server is busy: {e}", status=503, type="unavailable_error",
                            code="queue_full") from None
+    except GrammarError as e:
+        raise RequestError(str(e), param=gen.grammar_param or "tools") from None
     except ContextFullError as e:
-        raise RequestError(str(e), param="messages" if chat else "prompt",
-                           code="context_length_exceeded") from None
+        raise RequestError(str(e), param=param, code="context_length_exceeded") from None
     except PolydevError as e:
-        raise RequestError(str(e), param="messages" if chat else "prompt") from None
-    reply = _Reply(model_name, chat, harmony=chat and model.speaks_harmony)
+        raise RequestError(str(e), param=param) from None
+    reply = Reply(model_name, chat)
+    functions = gen.tools.functions if gen.tools is not None else None
+    texts = [ChoiceText(i, chat, chat and model.speaks_harmony, functions,
+                        lambda t: model.tokenizer.token_to_piece(t, special=True))
+             for i in range(gen.n)]
     if gen.stream:
-        return StreamingResponse(_stream(reply, queue, handle, gen.include_usage),
+        return StreamingResponse(_stream(reply, texts, queue, handles, gen.include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await _whole(request, reply, queue, handle)
+    return await _whole(request, reply, texts, queue, handles)
 
 
-def _prompt_ids(model, gen: Generation) -> list[int]:
+def _prepare(model, gen: Generation) -> tuple[list[int], list]:
+    """The prompt's token ids, and a grammar matcher per choice (None: unconstrained)."""
+    tools = gen.tools
     if gen.messages is not None:
-        return model.tokenize(model.chat_prompt(gen.messages), add_special=False,
-                              parse_special=True)
-    if isinstance(gen.prompt, list):
-        return gen.prompt
-    return model.tokenize(gen.prompt, add_special=True, parse_special=True)
+        text = model.chat_prompt(gen.messages, tools.functions if tools else None)
+        ids = model.tokenize(text, add_special=False, parse_special=True)
+    elif isinstance(gen.prompt, list):
+        ids = gen.prompt
+    else:
+        ids = model.tokenize(gen.prompt, add_special=True, parse_special=True)
+    grammar = gen.grammar
+    if tools is not None and tools.choice != "auto":
+        vocab = model.tokenizer.vocab
+        grammar = Grammar("lark", call_grammar(tools.functions, tools.choice, tools.parallel,
+                                               model.chat_template,
+                                               lambda text: _control_id(vocab, text)))
+    if grammar is None:
+        return ids, [None] * gen.n
+    vocabulary = model.grammar_vocabulary
+    compiled = vocabulary.compile(grammar)
+    return ids, [vocabulary.matcher(compiled) for _ in range(gen.n)]
 
 
-async def _whole(request: Request, reply: "_Reply", queue: asyncio.Queue,
-                 handle) -> Response:
-    """Wait for the whole text; a client that leaves meanwhile cancels the request."""
-    text = []
+def _control_id(vocab, text: str) -> int | None:
+    token = vocab.tokens.id_of(text)
+    return token if token is not None and vocab.types[token] in CONTROL_TYPES else None
+
+
+def _choice_params(gen: Generation, index: int) -> SamplingParams:
+    """Choice ``index``'s sampling: a request's seed gives each choice its own."""
+    if index == 0 or gen.params.seed is None:
+        return gen.params
+    return replace(gen.params, seed=gen.params.seed + index)
+
+
+async def _whole(request: Request, reply: Reply, texts: list[ChoiceText],
+                 queue: asyncio.Queue, handles: list) -> Response:
+    """Wait for every choice's whole text; a client that leaves meanwhile cancels the
+    request."""
+    parts: list[list[dict]] = [[] for _ in texts]
+    logprobs: list[list[dict]] = [[] for _ in texts]
+    ends: dict[int, Finished] = {}
     try:
-        while True:
+        while len(ends) < len(texts):
             try:
-                event = await asyncio.wait_for(queue.get(), _DISCONNECT_POLL)
+                index, event = await asyncio.wait_for(queue.get(), _DISCONNECT_POLL)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
-                    handle.cancel()
                     return Response(status_code=499)
                 continue
+            text = texts[index]
             if isinstance(event, Piece):
-                text.append(event.text)
+                parts[index] += text.feed(event.text)
+                found = text.logprobs(event, event.text)
+                if found is not None:
+                    logprobs[index].append(found)
                 continue
             if event.reason == "error":
                 raise RequestError(f"generation failed: {event.error}", status=500,
                                    type="server_error")
-            return JSONResponse(reply.whole("".join(text), event))
+            parts[index] += text.feed(None)
+            ends[index] = event
+        choices = [_whole_choice(reply.chat, t, parts[t.index], logprobs[t.index],
+                                 ends[t.index]) for t in texts]
+        body = reply.whole(choices)
+        body["usage"] = usage([ends[i] for i in range(len(texts))])
+        return JSONResponse(body)
     finally:
-        handle.cancel()             # a no-op once finished
+        for handle in handles:
+            handle.cancel()             # a no-op once finished
 
 
-async def _stream(reply: "_Reply", queue: asyncio.Queue, handle,
+def _whole_choice(chat: bool, text: ChoiceText, parts: list, logprobs: list[dict],
+                  end: Finished) -> dict:
+    merged = merge_logprobs(chat, logprobs)
+    if not chat:
+        return {"index": text.index, "text": "".join(parts), "finish_reason": end.reason,
+                "logprobs": merged}
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(
+        p.get("content", "") for p in parts)}
+    reasoning = "".join(p.get("reasoning_content", "") for p in parts)
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if text.calls:
+        message["tool_calls"] = [call.openai() for call in text.calls]
+        message["content"] = message["content"] or None
+    return {"index": text.index, "message": message, "finish_reason": finish_reason(end, text),
+            "logprobs": merged}
+
+
+async def _stream(reply: Reply, texts: list[ChoiceText], queue: asyncio.Queue, handles: list,
                   include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per piece, the finish reason, usage if asked, [DONE]. A
-    client that disconnects cancels this generator, which cancels the request."""
+    """Server-sent events: a chunk per piece of each choice, its finish reason, usage if
+    asked, [DONE]. A client that disconnects cancels this generator, which cancels the
+    request."""
+    ends: dict[int, Finished] = {}
     try:
         if reply.chat:
-            yield _sse(reply.chunk({"role": "assistant", "content": ""}, None))
-        while True:
-            event = await queue.get()
+            for text in texts:
+                yield _sse(reply.chunk(text.index, {"role": "assistant", "content": ""}, None))
+        while len(ends) < len(texts):
+            index, event = await queue.get()
+            text = texts[index]
             if isinstance(event, Piece):
-                for delta in reply.deltas(event.text):
-                    yield _sse(reply.chunk(delta, None))
+                deltas = text.feed(event.text)
+                logprobs = text.logprobs(event, event.text)
+                if logprobs is not None and not deltas:
+                    deltas = [{} if reply.chat else ""]
+                for i, delta in enumerate(deltas):
+                    yield _sse(reply.chunk(index, delta, None, logprobs if i == 0 else None))
                 continue
             if event.reason == "error":
                 yield _sse(RequestError(f"generation failed: {event.error}", status=500,
                                         type="server_error").body())
-            else:
-                for delta in reply.deltas(None):
-                    yield _sse(reply.chunk(delta, None))
-                yield _sse(reply.chunk({} if reply.chat else "", event.reason))
-                if include_usage:
-                    yield _sse(reply.usage_chunk(event))
-            yield "data: [DONE]\n\n"
-            return
+                break
+            for delta in text.feed(None):
+                yield _sse(reply.chunk(index, delta, None))
+            ends[index] = event
+            yield _sse(reply.chunk(index, {} if reply.chat else "", finish_reason(event, text)))
+        if include_usage and len(ends) == len(texts):
+            yield _sse(reply.usage_chunk([ends[i] for i in range(len(texts))]))
+        yield "data: [DONE]\n\n"
     finally:
-        handle.cancel()
+        for handle in handles:
+            handle.cancel()
 
 
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-class _Reply:
-    """The bodies of one reply: whole, or chunk by chunk (same id and time throughout)."""
-
-    def __init__(self, model_name: str, chat: bool, harmony: bool = False) -> None:
-        self.model, self.chat, self.created = model_name, chat, int(time.time())
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        # a harmony model's reasoning goes to reasoning_content, as llama-server sends it
-        self.splitter = ChannelSplitter() if harmony else None
-
-    def deltas(self, text: str | None) -> list[Any]:
-        """The chunk deltas of one piece of text (None: generation ended, flush)."""
-        if self.splitter is None:
-            return [{"content": text} if self.chat else text] if text else []
-        parts = self.splitter.feed(text) if text is not None else self.splitter.finish()
-        return [{_FIELDS[kind]: part} for kind, part in parts]
-
-    def chunk(self, delta: Any, finish_reason: str | None) -> dict:
-        choice = ({"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-                  if self.chat else
-                  {"index": 0, "text": delta, "finish_reason": finish_reason, "logprobs": None})
-        return self._envelope("chat.completion.chunk" if self.chat else "text_completion",
-                              [choice])
-
-    def usage_chunk(self, end: Finished) -> dict:
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = _usage(end)
-        return body
-
-    def whole(self, text: str, end: Finished) -> dict:
-        message = {"role": "assistant", "content": text}
-        if self.splitter is not None:
-            parts = self.splitter.feed(text) + self.splitter.finish()
-            message = {"role": "assistant"} | {
-                field: "".join(p for kind, p in parts if _FIELDS[kind] == field)
-                for field in ("content", "reasoning_content")}
-        choice = ({"index": 0, "message": message,
-                   "finish_reason": end.reason, "logprobs": None} if self.chat else
-                  {"index": 0, "text": text, "finish_reason": end.reason, "logprobs": None})
-        body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        body["usage"] = _usage(end)
-        return body
-
-    def _envelope(self, kind: str, choices: list) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": choices}
-
-
-def _usage(end: Finished) -> dict:
-    return {"prompt_tokens": end.prompt_tokens, "completion_tokens": end.completion_tokens,
-            "total_tokens": end.prompt_tokens + end.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}

@@ -7,15 +7,19 @@ than polydev uses keep working. Sampling defaults are llama.cpp's, as llama-serv
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from polydev.errors import PolydevError
 from polydev.models import SamplingParams
+from polydev.models.grammar import Grammar
 
-__all__ = ["RequestError", "Generation", "read_completion", "read_chat"]
+__all__ = ["RequestError", "Generation", "Tools", "read_completion", "read_chat"]
 
 _MAX_STOPS = 4                  # OpenAI's limit
+_MAX_N = 16                     # choices of one request
+_MAX_TOP_LOGPROBS = 20          # OpenAI's limit for chat
 
 
 class RequestError(Exception):
@@ -33,8 +37,26 @@ class RequestError(Exception):
 
 
 @dataclass(frozen=True)
+class Tools:
+    """A chat request's functions (OpenAI's ``tools``, each {"type": "function", "function":
+    {...}}) and ``choice``: "auto", "required" or the one function's name that must be
+    called. ``tool_choice`` "none" is no ``Tools`` at all."""
+
+    functions: tuple[dict[str, Any], ...]
+    choice: str
+    parallel: bool
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f["function"]["name"] for f in self.functions)
+
+
+@dataclass(frozen=True)
 class Generation:
-    """One request, read: its prompt (text, or token ids), limits, sampling and streaming."""
+    """One request, read: its prompt (text, or token ids), limits, sampling and streaming;
+    ``grammar`` (and ``grammar_param``, the field that gave it) constrains the text,
+    ``logprobs`` asks for each token's log-probability and that many alternatives', ``n``
+    choices are generated from the one prompt, and ``tools`` may be called (chat)."""
 
     prompt: str | list[int]
     messages: list[dict[str, Any]] | None
@@ -43,6 +65,11 @@ class Generation:
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+    grammar: Grammar | None = None
+    grammar_param: str | None = None
+    logprobs: int | None = None
+    n: int = 1
+    tools: Tools | None = None
 
 
 def read_completion(body: Any) -> Generation:
@@ -59,7 +86,12 @@ def read_completion(body: Any) -> Generation:
     elif not isinstance(prompt, str) or not prompt:
         raise RequestError("prompt must be a non-empty string or a list of token ids",
                            param="prompt")
-    return _generation(body, prompt, None, default_max_tokens=16)   # OpenAI's default
+    logprobs = _field(body, "logprobs", int, None)
+    if logprobs is not None and not 0 <= logprobs <= _MAX_TOP_LOGPROBS:
+        raise RequestError(f"logprobs must be in [0, {_MAX_TOP_LOGPROBS}], got {logprobs}",
+                           param="logprobs")
+    return _generation(body, prompt, None, default_max_tokens=16,   # OpenAI's default
+                       logprobs=logprobs)
 
 
 def read_chat(body: Any) -> Generation:
@@ -69,7 +101,16 @@ def read_chat(body: Any) -> Generation:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")
     read = [_message(m, i) for i, m in enumerate(messages)]
-    return _generation(body, "", read, default_max_tokens=None)
+    logprobs = None
+    if _field(body, "logprobs", bool, False):
+        logprobs = _field(body, "top_logprobs", int, 0)
+        if not 0 <= logprobs <= _MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs must be in [0, {_MAX_TOP_LOGPROBS}], got "
+                               f"{logprobs}", param="top_logprobs")
+    elif body.get("top_logprobs") is not None:
+        raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return _generation(body, "", read, default_max_tokens=None, logprobs=logprobs,
+                       tools=_tools(body))
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -97,12 +138,120 @@ def _message(m: Any, i: int) -> dict[str, Any]:
     if not isinstance(content, str):
         raise RequestError(f"{param}.content must be a string or a list of text parts",
                            param=f"{param}.content")
-    return {"role": m["role"], "content": content}
+    read = {"role": m["role"], "content": content}
+    if m.get("tool_calls") is not None:
+        read["tool_calls"] = _tool_calls(m["tool_calls"], f"{param}.tool_calls")
+    for key in ("tool_call_id", "name", "reasoning_content"):
+        if m.get(key) is not None:
+            read[key] = _field(m, key, str, None, f"{param}.")
+    return read
 
 
-def _generation(body: dict, prompt, messages, default_max_tokens: int | None) -> Generation:
-    if _field(body, "n", int, 1) != 1:
-        raise RequestError("n must be 1: send several requests, they are batched", param="n")
+def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as chat templates read them: each function's
+    ``arguments`` (a JSON string in OpenAI's API) as an object where it parses as one."""
+    if not isinstance(calls, list):
+        raise RequestError(f"{param} must be a list", param=param)
+    out = []
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise RequestError(f"{param}[{i}] must be an object with a function's name",
+                               param=f"{param}[{i}]")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass                    # rendered as the string it is
+        out.append({"id": str(call.get("id", "")), "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments}})
+    return out
+
+
+def _tools(body: dict) -> Tools | None:
+    """``tools`` and ``tool_choice`` (OpenAI's default choice: "auto" with tools)."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise RequestError("tools must be a list", param="tools")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (not isinstance(tool, dict) or tool.get("type", "function") != "function"
+                or not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                or not function["name"]):
+            raise RequestError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                               "{\"name\": ...}}", param=f"tools[{i}]")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object",
+                               param=f"tools[{i}].function.parameters")
+    # llama-server's default: a forced call is one call unless the client asks for more
+    parallel = _field(body, "parallel_tool_calls", bool, False)
+    # as OpenAI reads them: no description is an empty one, no parameters none; templates
+    # read both without asking whether they are there
+    functions = tuple({"type": "function", "function": {
+        "description": "", "parameters": {"type": "object", "properties": {}}, **t["function"]}}
+        for t in tools)
+    names = [t["function"]["name"] for t in functions]
+    if choice is None or choice in ("auto", "required"):
+        return Tools(functions, choice or "auto", parallel)
+    if choice == "none":
+        return None
+    named = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(named, str):
+        raise RequestError('tool_choice must be "none", "auto", "required" or {"type": '
+                           '"function", "function": {"name": ...}}', param="tool_choice")
+    if named not in names:
+        raise RequestError(f"tool_choice names {named!r}, which is not among the tools "
+                           f"({', '.join(names)})", param="tool_choice")
+    return Tools(functions, named, parallel)
+
+
+def _grammar(body: dict) -> tuple[Grammar | None, str | None]:
+    """What the text must match, and the field that said so: ``response_format``
+    (``json_object``, ``json_schema``), or llama-server's ``json_schema`` or ``grammar``
+    (GBNF); one of them at most."""
+    given = [name for name in ("response_format", "json_schema", "grammar")
+             if body.get(name) is not None]
+    if len(given) > 1:
+        raise RequestError(f"give one of {' and '.join(given)}", param=given[1])
+    if not given:
+        return None, None
+    name = given[0]
+    value = body[name]
+    if name == "grammar":
+        if not isinstance(value, str):
+            raise RequestError("grammar must be a string (GBNF)", param="grammar")
+        return (Grammar("gbnf", value) if value.strip() else None), name
+    if name == "json_schema":
+        if not isinstance(value, (dict, bool)):
+            raise RequestError("json_schema must be a JSON schema object", param=name)
+        return Grammar.json_schema(value), name
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None, None
+    if kind == "json_object":
+        schema = value.get("schema")
+        return (Grammar.json_object() if schema is None else Grammar.json_schema(schema)), name
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+            raise RequestError("response_format.json_schema must be an object with a schema",
+                               param="response_format.json_schema")
+        return Grammar.json_schema(spec.get("schema", {})), name
+    raise RequestError('response_format.type must be "text", "json_object" or "json_schema"',
+                       param="response_format")
+
+
+def _generation(body: dict, prompt, messages, default_max_tokens: int | None, *,
+                logprobs: int | None = None, tools: Tools | None = None) -> Generation:
+    n = _field(body, "n", int, 1)
+    if not 1 <= n <= _MAX_N:
+        raise RequestError(f"n must be in [1, {_MAX_N}], got {n}", param="n")
     max_tokens = _field(body, "max_completion_tokens", int, None)
     if max_tokens is None:
         max_tokens = _field(body, "max_tokens", int, default_max_tokens)
@@ -118,8 +267,10 @@ def _generation(body: dict, prompt, messages, default_max_tokens: int | None) ->
     if options is not None and not isinstance(options, dict):
         raise RequestError("stream_options must be an object", param="stream_options")
     include_usage = _field(options or {}, "include_usage", bool, False, "stream_options.")
+    grammar, grammar_param = _grammar(body)
     return Generation(prompt, messages, max_tokens, _sampling(body), tuple(stops),
-                      _field(body, "stream", bool, False), include_usage)
+                      _field(body, "stream", bool, False), include_usage, grammar,
+                      grammar_param, logprobs, n, tools)
 
 
 def _sampling(body: dict) -> SamplingParams:

@@ -12,9 +12,9 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from polydev.models import Model, SamplingParams
+from polydev.models import Model
 from polydev.models.engine import BatchEngine, Event, Handle
 
 __all__ = ["ModelWorker"]
@@ -52,13 +52,12 @@ class ModelWorker:
         return self.state == "ready"
 
     def submit(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop,
-               queue: asyncio.Queue, *, max_tokens: int, params: SamplingParams,
-               stops: Sequence[str]) -> Handle:
-        """Queue a request; its events are put on ``queue`` in ``loop``."""
+               queue: asyncio.Queue, *, index: int = 0, **settings: Any) -> Handle:
+        """Queue a request (``settings``: ``BatchEngine.submit``'s); its events are put on
+        ``queue`` in ``loop`` as (``index``, event)."""
         def on_event(event: Event) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-        return self.engine.submit(prompt, on_event, max_tokens=max_tokens, params=params,
-                                  stops=stops)
+            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+        return self.engine.submit(prompt, on_event, **settings)
 
     def stop(self, drain_seconds: float = 30.0) -> None:
         """Let running and waiting requests finish (up to ``drain_seconds``), then stop the

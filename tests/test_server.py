@@ -183,7 +183,7 @@ BAD = [
     ({"prompt": "w1", "max_tokens": 2.5}, "max_tokens must be an integer", "max_tokens"),
     ({"prompt": "w1", "stream": "yes"}, "stream must be a boolean", "stream"),
     ({"prompt": "w1", "stop": [1]}, "stop must be a string or a list", "stop"),
-    ({"prompt": "w1", "n": 2}, "n must be 1", "n"),
+    ({"prompt": "w1", "n": 99}, "n must be in [1, 16]", "n"),
     ({"prompt": ""}, "prompt must be a non-empty string", "prompt"),
     ({"prompt": [1, 99999]}, "outside the vocabulary", "prompt"),
     ({"prompt": " ".join(["w1"] * N_CTX)}, "the context holds", "prompt"),

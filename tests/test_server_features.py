@@ -1,0 +1,182 @@
+"""What programs use of an OpenAI-compatible server, through the official openai client:
+structured output (``response_format``, llama-server's ``json_schema`` and ``grammar``),
+log-probabilities, ``n`` choices, and tool calls forced by ``tool_choice`` and sent back."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llguidance")
+jsonschema = pytest.importorskip("jsonschema")
+
+from polydev.models import load  # noqa: E402
+
+from test_server import N_CTX, client, live_server, request  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "maximum": 9},
+    "units": {"enum": ["C", "F"]}}, "required": ["city", "days", "units"],
+    "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "noop", "description": "Nothing"}}]
+MESSAGES = [{"role": "user", "content": "w1 w2 w3"}]
+
+
+@pytest.fixture(scope="module")
+def server(model_file):
+    with live_server(model_file) as (url, worker):
+        yield url, worker
+
+
+@pytest.fixture(scope="module")
+def long_server(model_file):
+    """A context for the functions' description (a token per character in this vocabulary)."""
+    def load_long():
+        return load(model_file, devices=[], n_ctx=2048, progress=False)
+    with live_server(model_file, load_model=load_long) as (url, worker):
+        yield url, worker
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    from model_files import write_test_model
+    return write_test_model(tmp_path_factory.mktemp("features") / "m.gguf", n_layer=2,
+                            weight_type="F16")
+
+
+def test_structured_output_validates_whole_streamed_and_in_every_choice(server):
+    url, _ = server
+    c = client(url)
+    formats = [{"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA,
+                                                       "strict": True}},
+               {"type": "json_object", "schema": SCHEMA}]     # llama-server's form
+    for response_format in formats:
+        r = c.chat.completions.create(model="m", messages=MESSAGES, max_tokens=150, n=3,
+                                      temperature=1.0, seed=4, response_format=response_format,
+                                      extra_body={"min_p": 0.0})
+        assert [ch.index for ch in r.choices] == [0, 1, 2]
+        for choice in r.choices:
+            jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+    r = c.chat.completions.create(model="m", messages=MESSAGES, max_tokens=40, seed=1,
+                                  response_format={"type": "json_object"})
+    text = r.choices[0].message.content             # random weights: keys that never end
+    assert text.startswith("{") and (r.choices[0].finish_reason == "length"
+                                     or isinstance(json.loads(text), dict))
+    stream = c.chat.completions.create(model="m", messages=MESSAGES, max_tokens=150,
+                                       stream=True, response_format=formats[0])
+    jsonschema.validate(json.loads("".join(ch.choices[0].delta.content or ""
+                                           for ch in stream if ch.choices)), SCHEMA)
+    r = c.completions.create(model="m", prompt="w5", max_tokens=20,
+                             extra_body={"grammar": 'root ::= "id-" [0-9]{3}'})
+    assert re.fullmatch(r"id-[0-9]{3}", r.choices[0].text)
+    r = c.completions.create(model="m", prompt="w5", max_tokens=150,
+                             extra_body={"json_schema": SCHEMA})
+    jsonschema.validate(json.loads(r.choices[0].text), SCHEMA)
+
+
+@pytest.mark.parametrize("body, param, fault", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "wrong"}}}}}},
+     "response_format", "wrong"),
+    ({"response_format": {"type": "yaml"}}, "response_format", "response_format.type"),
+    ({"grammar": 'root ::= missing'}, "grammar", "missing"),
+    ({"grammar": "x", "json_schema": {}}, "grammar", "give one of"),
+    ({"tools": [{"type": "function"}]}, "tools[0]", "tools[0]"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice", "nope"),
+    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs", "top_logprobs"),
+    ({"n": 0}, "n", "n must be"),
+])
+def test_bad_constraints_are_400s_naming_the_fault(server, body, param, fault):
+    url, _ = server
+    status, _, reply = request(url, "POST", "/v1/chat/completions",
+                               {"messages": MESSAGES, "max_tokens": 4, **body})
+    assert status == 400, reply
+    assert reply["error"]["param"] == param and fault in reply["error"]["message"]
+
+
+def test_logprobs_follow_the_models_distribution(server, model_file):
+    url, _ = server
+    c = client(url)
+    r = c.completions.create(model="m", prompt="w7 w8", max_tokens=5, temperature=0,
+                             logprobs=3)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == 5
+    assert lp.text_offset == list(np.cumsum([0] + [len(t) for t in lp.tokens[:-1]]))
+    with load(model_file, devices=[], n_ctx=N_CTX, progress=False) as m:
+        m.eval(m.tokenize("w7 w8", parse_special=True))
+        x = m.logits().astype(np.float64)
+    want = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    assert lp.token_logprobs[0] == pytest.approx(want.max(), abs=2e-4)
+    assert sorted(lp.top_logprobs[0].values(), reverse=True) == pytest.approx(
+        sorted(want)[::-1][:3], abs=2e-4)
+
+    r = c.chat.completions.create(model="m", messages=MESSAGES, max_tokens=6, temperature=0,
+                                  logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    for entry in content:
+        assert entry.logprob <= 0 and entry.top_logprobs[0].logprob == entry.logprob
+        assert sum(np.exp(t.logprob) for t in entry.top_logprobs) <= 1 + 1e-6
+    stream = c.chat.completions.create(model="m", messages=MESSAGES, max_tokens=6,
+                                       temperature=0, logprobs=True, top_logprobs=2,
+                                       stream=True)
+    streamed = [e for ch in stream if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content],
+                                                          abs=1e-4)   # cells reused
+
+
+def test_n_choices_are_the_seeds_one_after_another(server):
+    url, _ = server
+    c = client(url)
+    body = dict(model="m", prompt="w9 w10 w11", max_tokens=6, temperature=1.0,
+                extra_body={"min_p": 0.0})
+    together = c.completions.create(n=3, seed=10, **body)
+    alone = [c.completions.create(seed=10 + i, **body).choices[0].text for i in range(3)]
+    assert [ch.text for ch in together.choices] == alone
+    assert together.usage.completion_tokens == sum(
+        c.completions.create(seed=10 + i, **body).usage.completion_tokens for i in range(3))
+    streamed = ["", "", ""]
+    for chunk in c.completions.create(n=3, seed=10, stream=True, **body):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == alone
+
+
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_a_forced_tool_call_comes_back_as_tool_calls_and_goes_back_in(long_server, choice):
+    url, _ = long_server
+    c = client(url)
+    tool_choice = (choice if choice == "required"
+                   else {"type": "function", "function": {"name": choice}})
+    r = c.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=150,
+                                  tool_choice=tool_choice, temperature=0)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and message.content is None
+    [call] = message.tool_calls
+    assert call.type == "function" and call.id
+    if choice == "get_weather" or call.function.name == "get_weather":
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
+    else:
+        assert call.function.name == "noop"
+
+    stream = c.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS,
+                                       max_tokens=150, tool_choice=tool_choice, temperature=0,
+                                       stream=True)
+    chunks = [ch for ch in stream if ch.choices]
+    deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or []]
+    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
+        (0, call.function.name, call.function.arguments)]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    back = MESSAGES + [{"role": "assistant", "content": None,
+                        "tool_calls": [call.model_dump()]},
+                       {"role": "tool", "tool_call_id": call.id, "content": "12 C"}]
+    r = c.chat.completions.create(model="m", messages=back, tools=TOOLS, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
