@@ -366,11 +366,16 @@ class BatchEngine:
     def _worth_waiting(self, prompt: list[int]) -> bool:
         """Whether a slot reading its prompt now will hold more of ``prompt``'s beginning
         than any cache holds: then ``prompt`` waits for it, to share those cells instead of
-        computing them again (``n`` choices of one prompt, a common system prompt)."""
+        computing them again (``n`` choices of one prompt, a common system prompt). A later
+        request may start before one that waits so."""
         readers = [s for s in self.slots if s.handle is not None and s.pending]
         if not readers:
             return False
         head = prompt[:-1]
+        start = head[:_MIN_SHARED_PREFIX]
+        readers = [s for s in readers if s.handle.prompt[:_MIN_SHARED_PREFIX] == start]
+        if not readers or len(start) < _MIN_SHARED_PREFIX:     # the common case, at once
+            return False
         held = max(_common_prefix(s.cached, head) for s in self.slots)
         return any(_common_prefix(s.handle.prompt, head) >= max(held + 1, _MIN_SHARED_PREFIX)
                    for s in readers)

@@ -69,7 +69,7 @@ class ChannelSplitter:
         self._emit(parts, self._buffer[:cut])
         closer = next(c for c in _CLOSERS if self._buffer.startswith(c, cut))
         self._buffer = self._buffer[cut + len(closer):]
-        self._channel = None
+        self._channel, self._recipient = None, None
         return True
 
     def _header(self, parts: list[tuple[str, str]]) -> bool:
@@ -80,7 +80,7 @@ class ChannelSplitter:
         if end < 0:
             head = self._buffer.lstrip()
             if head and not any(h.startswith(head) or head.startswith(h) for h in _HEADS):
-                self._channel = "final"
+                self._channel, self._recipient = "final", None
                 return True
             return False
         header, self._buffer = self._buffer[:end], self._buffer[end + len(_MESSAGE):]

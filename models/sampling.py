@@ -9,7 +9,8 @@ Python loop runs over the vocabulary.
 alternatives', in the distribution the draw came from: the logits after the penalties (and a
 grammar's mask), at the request's temperature (1 when greedy), over the whole vocabulary. The
 truncations (top-k, top-p, min-p) are left out, so that every alternative listed has a finite
-log-probability, as llama-server reports them by default.
+log-probability. (llama-server reports the softmax of the raw logits by default, before
+penalties, grammar and temperature.)
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ HERMES, XML_FUNCTION = "<tool_call>", "<function="
 MISTRAL, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 DEEPSEEK_BEGIN, DEEPSEEK_CALL = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"
 DEEPSEEK_SEP, DEEPSEEK_CALL_END = "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
-DEEPSEEK_END = "<｜tool▁calls▁end｜>"
 PYTHON_TAG = "<|python_tag|>"
 HARMONY_CHANNEL = "<|channel|>"
 MARKERS = (HERMES, XML_FUNCTION, MISTRAL, DEEPSEEK_BEGIN, DEEPSEEK_CALL, PYTHON_TAG)
@@ -133,7 +132,7 @@ def _xml_functions(text: str, schemas: dict[str, dict]) -> list[ToolCall]:
 
 def _is_string(schema: Any) -> bool:
     kind = schema.get("type") if isinstance(schema, dict) else None
-    return kind == "string" or (isinstance(kind, list) and kind == ["string"])
+    return kind == "string" or (isinstance(kind, list) and "string" in kind)
 
 
 def _json_or_text(value: str) -> Any:
@@ -192,12 +191,19 @@ def _python_tag(text: str, schemas: dict[str, dict]) -> list[ToolCall]:
 
 def _llama_json(text: str, schemas: dict[str, dict]) -> list[ToolCall]:
     """Llama 3.x: the whole reply is ``{"name": ..., "parameters": {...}}`` (or several,
-    separated by ``;``), each naming one of the request's functions."""
-    calls = []
-    for part in text.split(";") if schemas else []:
-        value = _json_object(part)
-        name = value.get("name") if value is not None else None
-        if name not in schemas:
+    separated by ``;`` or whitespace), each naming one of the request's functions."""
+    calls, decoder, at = [], json.JSONDecoder(), 0
+    while schemas:
+        while at < len(text) and (text[at].isspace() or text[at] == ";"):
+            at += 1
+        if at == len(text):
+            return calls
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return []
+        name = value.get("name") if isinstance(value, dict) else None
+        if not isinstance(name, str) or name not in schemas:
             return []
         calls.append(_call(name, value.get("parameters", value.get("arguments", {}))))
     return calls
@@ -323,9 +329,9 @@ def call_grammar(functions: Sequence[dict[str, Any]], choice: str, parallel: boo
         return f"{one} ({json.dumps(separator)} {one})*" if parallel else one
 
     if HARMONY_CHANNEL in template:
-        calls = " | ".join(f'"commentary to=functions.{f["name"]} " {marker("<|constrain|>")}'
-                           f'"json" {marker("<|message|>")} %json {arguments(f)}'
-                           for f in chosen)
+        heads = [json.dumps(f"commentary to=functions.{f['name']} ") for f in chosen]
+        calls = " | ".join(f'{head} {marker("<|constrain|>")} "json" {marker("<|message|>")} '
+                           f'%json {arguments(f)}' for head, f in zip(heads, chosen))
         return f'start: {marker(HARMONY_CHANNEL)} ({calls})\n'
     if MISTRAL in template and MISTRAL_ARGS in template:
         calls = " | ".join(f'{json.dumps(f["name"])} {marker(MISTRAL_ARGS)} %json {arguments(f)}'

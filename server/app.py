@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from polydev.errors import ContextFullError, PolydevError
+from polydev.errors import ContextFullError, MissingDependencyError, PolydevError
 from polydev.models import SamplingParams
 from polydev.models.engine import Finished, Piece, QueueFullError
 from polydev.models.grammar import CONTROL_TYPES, Grammar, GrammarError
@@ -135,20 +135,17 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
     gen = read(body)
     model = worker.model
     param = "messages" if chat else "prompt"
+    queue: asyncio.Queue = asyncio.Queue()
     try:
         ids, constraints = await run_in_threadpool(_prepare, model, gen)
-        queue: asyncio.Queue = asyncio.Queue()
-        handles = [worker.submit(ids, asyncio.get_running_loop(), queue, index=i,
-                                 max_tokens=model.n_ctx if gen.max_tokens is None
-                                 else gen.max_tokens, params=_choice_params(gen, i),
-                                 stops=gen.stops, constraint=constraints[i],
-                                 logprobs=gen.logprobs, show_special=gen.tools is not None)
-                   for i in range(gen.n)]
+        handles = _submit_choices(worker, gen, ids, constraints, queue)
     except QueueFullError as e:
         raise RequestError(f"the server is busy: {e}", status=503, type="unavailable_error",
                            code="queue_full") from None
+    except MissingDependencyError as e:
+        raise RequestError(str(e), status=501, type="server_error") from None
     except GrammarError as e:
-        raise RequestError(str(e), param=gen.grammar_param or "tools") from None
+        raise RequestError(str(e), param=gen.grammar_param) from None
     except ContextFullError as e:
         raise RequestError(str(e), param=param, code="context_length_exceeded") from None
     except PolydevError as e:
@@ -165,6 +162,24 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
     return await _whole(request, reply, texts, queue, handles)
 
 
+def _submit_choices(worker: ModelWorker, gen: Generation, ids: list[int], constraints: list,
+                    queue: asyncio.Queue) -> list:
+    """A handle per choice; a choice refused (a full queue) cancels those queued before it."""
+    handles: list = []
+    try:
+        for i in range(gen.n):
+            handles.append(worker.submit(
+                ids, asyncio.get_running_loop(), queue, index=i,
+                max_tokens=worker.model.n_ctx if gen.max_tokens is None else gen.max_tokens,
+                params=_choice_params(gen, i), stops=gen.stops, constraint=constraints[i],
+                logprobs=gen.logprobs, show_special=gen.tools is not None))
+    except BaseException:
+        for handle in handles:
+            handle.cancel()
+        raise
+    return handles
+
+
 def _prepare(model, gen: Generation) -> tuple[list[int], list]:
     """The prompt's token ids, and a grammar matcher per choice (None: unconstrained)."""
     tools = gen.tools
@@ -176,7 +191,7 @@ def _prepare(model, gen: Generation) -> tuple[list[int], list]:
     else:
         ids = model.tokenize(gen.prompt, add_special=True, parse_special=True)
     grammar = gen.grammar
-    if tools is not None and tools.choice != "auto":
+    if tools is not None and tools.choice != "auto":     # requests.py refused both at once
         vocab = model.tokenizer.vocab
         grammar = Grammar("lark", call_grammar(tools.functions, tools.choice, tools.parallel,
                                                model.chat_template,
@@ -207,13 +222,18 @@ async def _whole(request: Request, reply: Reply, texts: list[ChoiceText],
     parts: list[list[dict]] = [[] for _ in texts]
     logprobs: list[list[dict]] = [[] for _ in texts]
     ends: dict[int, Finished] = {}
+    checked = time.monotonic()
     try:
         while len(ends) < len(texts):
             try:
                 index, event = await asyncio.wait_for(queue.get(), _DISCONNECT_POLL)
             except asyncio.TimeoutError:
+                index, event = None, None
+            if time.monotonic() - checked >= _DISCONNECT_POLL:    # n choices never pause
+                checked = time.monotonic()
                 if await request.is_disconnected():
                     return Response(status_code=499)
+            if event is None:
                 continue
             text = texts[index]
             if isinstance(event, Piece):

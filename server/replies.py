@@ -18,7 +18,7 @@ from polydev.models.harmony import ChannelSplitter
 from polydev.models.sampling import TokenLogprob
 from polydev.models.tool_calls import ToolCall, ToolCallStream, new_call_id
 
-__all__ = ["ChoiceText", "Reply"]
+__all__ = ["ChoiceText", "Reply", "finish_reason", "merge_logprobs", "usage"]
 
 _FIELDS = {"content": "content", "reasoning": "reasoning_content"}
 
@@ -143,9 +143,8 @@ class Reply:
         return body
 
     def whole(self, choices: Sequence[dict]) -> dict:
-        body = self._envelope("chat.completion" if self.chat else "text_completion",
+        return self._envelope("chat.completion" if self.chat else "text_completion",
                               list(choices))
-        return body
 
     def _envelope(self, kind: str, choices: list) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,

@@ -8,6 +8,7 @@ than polydev uses keep working. Sampling defaults are llama.cpp's, as llama-serv
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = ["RequestError", "Generation", "Tools", "read_completion", "read_chat"
 _MAX_STOPS = 4                  # OpenAI's limit
 _MAX_N = 16                     # choices of one request
 _MAX_TOP_LOGPROBS = 20          # OpenAI's limit for chat
+_FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")     # OpenAI's rule
 
 
 class RequestError(Exception):
@@ -45,10 +47,6 @@ class Tools:
     functions: tuple[dict[str, Any], ...]
     choice: str
     parallel: bool
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(f["function"]["name"] for f in self.functions)
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ def read_completion(body: Any) -> Generation:
 
 
 def read_chat(body: Any) -> Generation:
-    """``/v1/chat/completions``: ``messages`` with roles and text content."""
+    """``/v1/chat/completions``: ``messages`` with roles, text content and tool calls."""
     body = _object(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -158,13 +156,13 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise RequestError(f"{param}[{i}] must be an object with a function's name",
                                param=f"{param}[{i}]")
-        arguments = function.get("arguments", "{}")
+        arguments = function.get("arguments") or "{}"
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError:
                 pass                    # rendered as the string it is
-        out.append({"id": str(call.get("id", "")), "type": "function",
+        out.append({"id": str(call.get("id") or ""), "type": "function",
                     "function": {"name": function["name"], "arguments": arguments}})
     return out
 
@@ -186,17 +184,23 @@ def _tools(body: dict) -> Tools | None:
                 or not function["name"]):
             raise RequestError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
                                "{\"name\": ...}}", param=f"tools[{i}]")
+        if not _FUNCTION_NAME.fullmatch(function["name"]):
+            raise RequestError(f"tools[{i}].function.name must be letters, digits, _ or -, at "
+                               f"most 64, got {function['name']!r}",
+                               param=f"tools[{i}].function.name")
         if not isinstance(function.get("parameters", {}), dict):
             raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object",
                                param=f"tools[{i}].function.parameters")
     # llama-server's default: a forced call is one call unless the client asks for more
     parallel = _field(body, "parallel_tool_calls", bool, False)
-    # as OpenAI reads them: no description is an empty one, no parameters none; templates
-    # read both without asking whether they are there
+    # as OpenAI reads them: no description is an empty one, no parameters an object of none;
+    # templates read both without asking whether they are there
     functions = tuple({"type": "function", "function": {
         "description": "", "parameters": {"type": "object", "properties": {}}, **t["function"]}}
         for t in tools)
     names = [t["function"]["name"] for t in functions]
+    if len(set(names)) < len(names):
+        raise RequestError("tools name a function twice", param="tools")
     if choice is None or choice in ("auto", "required"):
         return Tools(functions, choice or "auto", parallel)
     if choice == "none":
@@ -268,6 +272,11 @@ def _generation(body: dict, prompt, messages, default_max_tokens: int | None, *,
         raise RequestError("stream_options must be an object", param="stream_options")
     include_usage = _field(options or {}, "include_usage", bool, False, "stream_options.")
     grammar, grammar_param = _grammar(body)
+    if grammar is not None and tools is not None and tools.choice != "auto":
+        raise RequestError(f"tool_choice {tools.choice!r} forces a call, which {grammar_param} "
+                           "would constrain too: give one of them", param=grammar_param)
+    if tools is not None and tools.choice != "auto":
+        grammar_param = "tool_choice"
     return Generation(prompt, messages, max_tokens, _sampling(body), tuple(stops),
                       _field(body, "stream", bool, False), include_usage, grammar,
                       grammar_param, logprobs, n, tools)

@@ -71,7 +71,7 @@ def test_gbnf_lark_and_regex_grammars(model):
 def test_a_bad_grammar_names_its_fault(model, grammar, fault):
     with pytest.raises(GrammarError, match=re.escape(fault)):
         model.grammar_vocabulary.compile(grammar)
-    assert "".join(model.generate("w1", 2, temperature=0)) is not None   # still generates
+    assert len(list(model.generate("w1", 2, temperature=0))) <= 2    # still generates
 
 
 def log_softmax64(logits: np.ndarray) -> np.ndarray:
@@ -91,7 +91,6 @@ def test_logprobs_are_the_log_softmax_of_the_models_logits(model, temperature):
     logprobs = [lp for p in pieces for lp in p.logprobs]
     tokens = [t for p in pieces for t in p.tokens]
     assert [lp.token for lp in logprobs] == tokens and len(tokens) >= 1
-    model.reset()
     context = list(prompt)
     for lp in logprobs:                      # each step's distribution, recomputed apart
         model.reset()

@@ -87,8 +87,12 @@ def test_content_before_a_call_streams_and_text_that_is_no_call_stays_content():
     rest, calls = stream.finish()
     assert shown + rest == "Let me look. " and [c.name for c in calls] == ["search"]
 
+    text = '{"name": "search", "parameters": {"query": "a; b"}}; {"name": "search"}'
+    assert [json.loads(c.arguments) for c in parse_tool_calls(text, TOOLS)[1]] == [
+        {"query": "a; b"}, {}]
     for text in ('{"name": "unknown_function", "parameters": {}}', "<tool_call>{not json",
-                 "[TOOL_CALLS] nothing", 'A plain answer with {"braces"}.'):
+                 "[TOOL_CALLS] nothing", 'A plain answer with {"braces"}.', '{"name": [1]}',
+                 '<|python_tag|>{"name": {"a": 1}}'):
         assert parse_tool_calls(text, TOOLS) == (text, [])
         stream = ToolCallStream(TOOLS)
         shown = stream.feed(text)
@@ -115,6 +119,12 @@ def test_gpt_oss_calls_come_out_of_the_commentary_channel():
     assert [p for k, p in parts if k == "call"] == ["get_weather"]
     assert json.loads("".join(p for k, p in parts if k == "arguments")) == {"city": "Paris"}
     assert not [p for k, p in parts if k == "content"]
+
+    splitter = ChannelSplitter()           # text after a call is no call's arguments
+    parts = splitter.feed("<|start|>assistant to=functions.f<|channel|>commentary<|message|>{}"
+                          "<|end|>Plain words")
+    parts += splitter.finish()
+    assert parts[-1] == ("content", "Plain words")
 
 
 def test_a_template_without_tools_gets_them_in_the_system_message():

@@ -89,6 +89,11 @@ def test_structured_output_validates_whole_streamed_and_in_every_choice(server):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice", "nope"),
     ({"logprobs": True, "top_logprobs": 50}, "top_logprobs", "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]},
+     "tools[0].function.name", "letters, digits"),
+    ({"tools": TOOLS + TOOLS[:1]}, "tools", "twice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "give one of them"),
     ({"n": 0}, "n", "n must be"),
 ])
 def test_bad_constraints_are_400s_naming_the_fault(server, body, param, fault):
