@@ -98,6 +98,7 @@ class Evaluator(Resource):
         self._last_graph: StepGraph | None = None       # the graph of the last step
         self._key_rope: dict[int, KeyRope] | None = None   # each layer's rope of its keys
         self.timings = Timings()
+        self.embeddings = False     # steps output the final norm's rows (n_embd), not logits
 
     @property
     def n_past(self) -> int:
@@ -137,10 +138,9 @@ class Evaluator(Resource):
         """The graph for a step of ``n_tokens`` over the cells in use (built if new)."""
         n_kv = self.kv.n_kv()
         last = self._last_graph
-        if (last is not None and last.shape.n_kv == n_kv and last.shape.n_tokens == n_tokens
-                and last.shape.n_outputs == n_outputs):
+        shape = StepShape(n_tokens, n_kv, n_outputs, self.embeddings)
+        if last is not None and last.shape == shape:
             return last                 # decode: the last step's graph, most recently used
-        shape = StepShape(n_tokens, n_kv, n_outputs)
         g = self._graphs.get(shape)
         if g is None:
             g = self._graphs[shape] = StepGraph(self.hp, self.kv, shape,
@@ -237,7 +237,8 @@ class Evaluator(Resource):
             self._last_graph = g
         self.timings.copied_bytes = dict(self.sched.copied_bytes)
         raw = tensor_get(g.logits)
-        return raw.view(np.float32).reshape(-1, self.hp.n_vocab)[:wanted]
+        width = self.hp.n_embd if self.embeddings else self.hp.n_vocab
+        return raw.view(np.float32).reshape(-1, width)[:wanted]
 
     def _describe(self) -> str:
         return "the evaluator"

@@ -278,9 +278,12 @@ def shared_expert(s: StepGraph, w: Weights, il: int, x: Tensor) -> Tensor:
 
 def output_head(s: StepGraph, w: Weights, x: Tensor, softcap: float = 0.0) -> Tensor:
     """Final norm, the output matrix and its bias where the model has one; granite's logit
-    scale (logits / logit_scale) and optional final logit softcapping (gemma)."""
+    scale (logits / logit_scale) and optional final logit softcapping (gemma). A step of
+    embeddings (``s.shape.embeddings``) ends at the norm, as llama.cpp's ``t_embd``."""
     ctx = s.ctx
     x = named(norm(s, x, w["output_norm"], s.hp.rms_eps), "result_norm")
+    if s.shape.embeddings:
+        return x
     logits = ops.mul_mat(ctx, w["output"], x)
     bias = w.get("output", "bias") if w.declares("output.bias") else None
     if bias is not None:

@@ -22,6 +22,7 @@ from .chat_fallback import fallback_format
 from .chat_template import render_chat
 from .batch import Batch
 from .default_model import default_model_path
+from .embeddings import embed, file_pooling
 from .engine import BatchEngine, Piece
 from .evaluator import Evaluator, Timings
 from .gguf import GGUFFile
@@ -240,6 +241,29 @@ class Model(Resource):
         prompt = self.chat_prompt(messages)
         return self.generate(prompt, max_tokens, add_special=False, parse_special=True,
                              **sampling)
+
+    def embed(self, inputs: str | Sequence[str] | Sequence[Sequence[int]], *,
+              pooling: str | None = None, normalization: int = 2) -> list[np.ndarray]:
+        """The embedding of each input (a text, or token ids; one text alone is a list of
+        one): its final hidden state pooled over its tokens (``pooling``: "mean", "cls",
+        "last", "none"; default the file's ``pooling_type``, else "mean") and normalized as
+        llama-server's ``embd_normalize`` (2: Euclidean). The inputs are evaluated together,
+        a sequence each; starts the context over (``polydev.models.embeddings``)."""
+        self._check_open()
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        ids = [self.tokenize(x, add_special=True, parse_special=True) if isinstance(x, str)
+               else [int(t) for t in x] for x in inputs]
+        self._engine.release(0)
+        try:
+            return embed(self, ids, pooling or self.pooling, normalization)
+        finally:
+            self.reset()
+
+    @property
+    def pooling(self) -> str:
+        """How ``embed`` pools by default: the file's ``pooling_type``, else "mean"."""
+        return file_pooling(self.file, self.hparams.arch) or "mean"
 
     @property
     def grammar_vocabulary(self) -> GrammarVocabulary:

@@ -36,6 +36,7 @@ class StepShape:
     n_tokens: int
     n_kv: int
     n_outputs: int
+    embeddings: bool = False        # output the final norm's rows, not logits
 
 
 class StepGraph:

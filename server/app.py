@@ -1,8 +1,9 @@
 """The HTTP side of ``polydev serve``: OpenAI's routes over a ``ModelWorker`` (Starlette).
 
 Routes: ``/v1/completions`` and ``/v1/chat/completions`` (streamed as server-sent events
-ending in ``data: [DONE]`` when asked), ``/v1/models``, ``/health`` (503 while the model
-loads), ``/metrics`` (Prometheus) and ``/slots``. Every refusal is OpenAI's error body with a
+ending in ``data: [DONE]`` when asked), or, with ``--embeddings``, ``/v1/embeddings`` and
+llama-server's ``/embeddings``; ``/v1/models``, ``/health`` (503 while the model loads),
+``/metrics`` (Prometheus) and ``/slots``. Every refusal is OpenAI's error body with a
 4xx or 5xx status; a client that goes away cancels its request, which frees its slot at the
 next step.
 """
@@ -10,6 +11,7 @@ next step.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -32,7 +34,7 @@ from polydev.models.tool_calls import call_grammar
 
 from .metrics import prometheus_text
 from .replies import ChoiceText, Reply, finish_reason, merge_logprobs, usage
-from .requests import Generation, RequestError, read_chat, read_completion
+from .requests import Generation, RequestError, read_chat, read_completion, read_embeddings
 from .worker import ModelWorker
 
 __all__ = ["create_app"]
@@ -93,10 +95,18 @@ def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = No
                              for s in worker.engine.snapshot().slots])
 
     async def completions(request: Request) -> Response:
+        _require_mode(worker, embeddings=False)
         return await _generate(request, worker, read_completion, model_name, chat=False)
 
     async def chat(request: Request) -> Response:
+        _require_mode(worker, embeddings=False)
         return await _generate(request, worker, read_chat, model_name, chat=True)
+
+    async def embeddings(request: Request) -> Response:
+        return await _embed(request, worker, model_name, openai=True)
+
+    async def embeddings_llama(request: Request) -> Response:
+        return await _embed(request, worker, model_name, openai=False)
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         return _error(RequestError(f"{request.method} {request.url.path}: {exc.detail}",
@@ -106,7 +116,9 @@ def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = No
               Route("/v1/models", guarded(models)), Route("/metrics", guarded(metrics)),
               Route("/slots", guarded(slots)),
               Route("/v1/completions", guarded(completions), methods=["POST"]),
-              Route("/v1/chat/completions", guarded(chat), methods=["POST"])]
+              Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+              Route("/v1/embeddings", guarded(embeddings), methods=["POST"]),
+              Route("/embeddings", guarded(embeddings_llama), methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={404: not_found, 405: not_found})
 
@@ -120,6 +132,72 @@ def _require_ready(worker: ModelWorker) -> None:
                            type="server_error")
 
 
+def _require_mode(worker: ModelWorker, embeddings: bool) -> None:
+    """Refuse what the server's mode does not serve, as llama-server does (501)."""
+    if worker.embeddings and not embeddings:
+        raise RequestError("this server computes embeddings only (polydev serve "
+                           "--embeddings): start it without --embeddings to generate",
+                           status=501, type="not_supported_error")
+    if embeddings and not worker.embeddings:
+        raise RequestError("this server generates text: start polydev serve with "
+                           "--embeddings for embeddings", status=501,
+                           type="not_supported_error")
+
+
+async def _embed(request: Request, worker: ModelWorker, model_name: str,
+                 openai: bool) -> Response:
+    """``/v1/embeddings`` (OpenAI's body) or ``/embeddings`` (llama-server's: every
+    token's vector with pooling "none")."""
+    _require_ready(worker)
+    _require_mode(worker, embeddings=True)
+    field = "input" if openai else "content"
+    body = await _json_body(request)
+    if not openai and isinstance(body, dict) and "content" not in body:
+        field = "input"
+    read = read_embeddings(body, field)
+    if openai and worker.pooling == "none":
+        raise RequestError("pooling none gives a vector per token, which OpenAI's API cannot "
+                           "carry: use /embeddings, or --pooling mean, cls or last",
+                           param=field)
+    model = worker.model
+
+    def tokenized() -> list[list[int]]:
+        return [model.tokenize(x, add_special=True, parse_special=True) if isinstance(x, str)
+                else x for x in read.inputs]
+    ids = await run_in_threadpool(tokenized)
+    try:
+        vectors = await worker.embed(ids, asyncio.get_running_loop(), read.normalization)
+    except QueueFullError as e:
+        raise RequestError(f"the server is busy: {e}", status=503, type="unavailable_error",
+                           code="queue_full") from None
+    except ContextFullError as e:
+        raise RequestError(str(e), param=field, code="context_length_exceeded") from None
+    except PolydevError as e:
+        raise RequestError(str(e), param=field) from None
+    n_tokens = sum(map(len, ids))
+    if not openai:
+        return JSONResponse([{"index": i, "embedding": (v if v.ndim == 2 else v[None]).tolist()}
+                             for i, v in enumerate(vectors)])
+    data = [{"object": "embedding", "index": i,
+             "embedding": _encoded(v, read.encoding_format)} for i, v in enumerate(vectors)]
+    return JSONResponse({"object": "list", "data": data, "model": model_name,
+                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+
+def _encoded(vector, encoding_format: str) -> list[float] | str:
+    """A vector as OpenAI writes it: a list of floats, or base64 of its float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"the request body is not valid JSON: {e}") from None
+
+
 def _error(e: RequestError) -> JSONResponse:
     headers = {"Retry-After": _RETRY_AFTER} if e.status == 503 else None
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
@@ -128,11 +206,7 @@ def _error(e: RequestError) -> JSONResponse:
 async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any], Generation],
                     model_name: str, chat: bool) -> Response:
     _require_ready(worker)
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}") from None
-    gen = read(body)
+    gen = read(await _json_body(request))
     model = worker.model
     param = "messages" if chat else "prompt"
     queue: asyncio.Queue = asyncio.Queue()

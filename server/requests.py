@@ -16,7 +16,8 @@ from polydev.errors import PolydevError
 from polydev.models import SamplingParams
 from polydev.models.grammar import Grammar
 
-__all__ = ["RequestError", "Generation", "Tools", "read_completion", "read_chat"]
+__all__ = ["RequestError", "Embeddings", "Generation", "Tools", "read_completion", "read_chat",
+           "read_embeddings"]
 
 _MAX_STOPS = 4                  # OpenAI's limit
 _MAX_N = 16                     # choices of one request
@@ -68,6 +69,51 @@ class Generation:
     logprobs: int | None = None
     n: int = 1
     tools: Tools | None = None
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """An embeddings request: its inputs (texts or token ids), how the vectors are written
+    ("float" or "base64") and llama-server's ``embd_normalize``."""
+
+    inputs: tuple[str | list[int], ...]
+    encoding_format: str
+    normalization: int
+
+
+def read_embeddings(body: Any, field: str = "input") -> Embeddings:
+    """``/v1/embeddings`` (``input``: a text, texts, token ids or lists of them) and
+    llama-server's ``/embeddings`` (the same in ``content``)."""
+    body = _object(body)
+    given = body.get(field)
+    if isinstance(given, (str, dict)) or (isinstance(given, list) and given
+                                          and all(_is_token(t) for t in given)):
+        given = [given]
+    if not isinstance(given, list) or not given:
+        raise RequestError(f"{field} must be a string, a list of strings, token ids, or a "
+                           "list of token id lists", param=field)
+    for i, x in enumerate(given):
+        if isinstance(x, str) and x:
+            continue
+        if not (isinstance(x, list) and x and all(_is_token(t) for t in x)):
+            raise RequestError(f"{field}[{i}] must be a non-empty string or list of token ids",
+                               param=field)
+    encoding = _field(body, "encoding_format", str, "float")
+    if encoding not in ("float", "base64"):
+        raise RequestError(f'encoding_format must be "float" or "base64", got {encoding!r}',
+                           param="encoding_format")
+    if body.get("dimensions") is not None:
+        raise RequestError("dimensions: the vectors have the model's width; shortening them "
+                           "is not supported", param="dimensions")
+    normalization = _field(body, "embd_normalize", int, 2)
+    if normalization < -1:
+        raise RequestError("embd_normalize must be -1 (none), 0 (max), 1, 2 (Euclidean) or "
+                           f"more, got {normalization}", param="embd_normalize")
+    return Embeddings(tuple(given), encoding, normalization)
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_completion(body: Any) -> Generation:

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from polydev.models import Model
+from polydev.models.embedding_engine import EmbeddingEngine
 from polydev.models.engine import BatchEngine, Event, Handle
 
 __all__ = ["ModelWorker"]
@@ -24,12 +25,16 @@ _IDLE_WAIT = 0.05           # seconds a worker with nothing to do waits for a re
 
 
 class ModelWorker:
-    """Loads a model with ``load`` and serves ``n_slots`` sequences of it."""
+    """Loads a model with ``load`` and serves ``n_slots`` sequences of it; with
+    ``embeddings``, embedding requests only (``EmbeddingEngine``), pooled by ``pooling``
+    (default: the file's, else "mean")."""
 
-    def __init__(self, load: Callable[[], Model], n_slots: int, max_queued: int) -> None:
+    def __init__(self, load: Callable[[], Model], n_slots: int, max_queued: int, *,
+                 embeddings: bool = False, pooling: str | None = None) -> None:
         self._load, self.n_slots, self.max_queued = load, n_slots, max_queued
+        self.embeddings, self._pooling = embeddings, pooling
         self.model: Model | None = None
-        self.engine: BatchEngine | None = None
+        self.engine: BatchEngine | EmbeddingEngine | None = None
         self.error: BaseException | None = None
         self.busy_seconds = 0.0             # time spent in steps that did work
         self._stopping = threading.Event()
@@ -59,6 +64,30 @@ class ModelWorker:
             loop.call_soon_threadsafe(queue.put_nowait, (index, event))
         return self.engine.submit(prompt, on_event, **settings)
 
+    @property
+    def pooling(self) -> str:
+        """How embeddings are pooled: ``--pooling``, else the model file's, else "mean"."""
+        return self._pooling or self.model.pooling
+
+    def embed(self, inputs: Sequence[Sequence[int]], loop: asyncio.AbstractEventLoop,
+              normalization: int, pooling: str | None = None) -> asyncio.Future:
+        """Queue the embedding of ``inputs``; the future gets the vectors (or the error)."""
+        future = loop.create_future()
+
+        def on_done(result) -> None:
+            def settle() -> None:
+                if future.done():
+                    return
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+            loop.call_soon_threadsafe(settle)
+        job = self.engine.submit(inputs, on_done, pooling=pooling or self.pooling,
+                                 normalization=normalization)
+        future.add_done_callback(lambda f: job.cancel() if f.cancelled() else None)
+        return future
+
     def stop(self, drain_seconds: float = 30.0) -> None:
         """Let running and waiting requests finish (up to ``drain_seconds``), then stop the
         thread and close the model."""
@@ -76,14 +105,16 @@ class ModelWorker:
     def _main(self) -> None:
         try:
             self.model = self._load()
-            self.engine = BatchEngine(self.model, self.n_slots, self.max_queued)
+            self.engine = (EmbeddingEngine(self.model, self.max_queued) if self.embeddings
+                           else BatchEngine(self.model, self.n_slots, self.max_queued))
         except BaseException as e:          # reported by /health and the log, not raised here
             log.error("the model failed to load: %s", e)
             self.error = e
             self._ready.set()
             return
         self._ready.set()
-        log.info("model loaded: %r, %d slots", self.model, self.n_slots)
+        log.info("model loaded: %r, %s", self.model, f"embeddings ({self.pooling} pooling)"
+                 if self.embeddings else f"{self.n_slots} slots")
         try:
             while not self._stopping.is_set():
                 start = time.perf_counter()

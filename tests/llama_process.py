@@ -54,3 +54,21 @@ def _logits(path: str, batches: list[list[int]], n_ctx: int) -> np.ndarray:
         return np.asarray(llm.scores[:llm.n_tokens], dtype=np.float64)
     finally:
         llm.close()
+
+
+def embeddings(path: str | Path, texts: Sequence[str], pooling: int) -> np.ndarray:
+    """llama.cpp's embedding of each text (``pooling``: llama_pooling_type; 1 mean, 2 cls,
+    3 last), unnormalized, float64: [texts, n_embd]."""
+    return in_child(_embeddings, str(path), list(texts), pooling)
+
+
+def _embeddings(path: str, texts: list[str], pooling: int) -> np.ndarray:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(path, n_ctx=512, n_threads=2, embedding=True, pooling_type=pooling,
+                          verbose=False)
+    try:
+        return np.asarray([llm.embed(text, normalize=False) for text in texts],
+                          dtype=np.float64)
+    finally:
+        llm.close()

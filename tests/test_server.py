@@ -40,12 +40,12 @@ def model_file(tmp_path_factory):
 
 @contextmanager
 def live_server(path, *, n_slots=4, api_key=None, max_queued=64, load_model=None,
-                wait_ready=True):
+                wait_ready=True, embeddings=False):
     """A server on a free port of 127.0.0.1, stopped on the way out; with ``wait_ready``, once
     its model has loaded (a request before then is a 503, which only one test wants)."""
     def default_load():
         return load(path, devices=[], n_ctx=N_CTX, progress=False)
-    worker = ModelWorker(load_model or default_load, n_slots, max_queued)
+    worker = ModelWorker(load_model or default_load, n_slots, max_queued, embeddings=embeddings)
     app = create_app(worker, model_name="test-model", api_key=api_key, drain_seconds=10)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -269,6 +269,8 @@ def test_serve_command_line_mistakes_are_one_line(capsys, tmp_path):
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "-np", "0", "-m", str(tmp_path / "absent.gguf")]) == 1
     assert "-np must be in [1, 64]" in capsys.readouterr().err
+    assert main(["serve", "--pooling", "mean", "-m", str(tmp_path / "absent.gguf")]) == 1
+    assert "--pooling is for --embeddings" in capsys.readouterr().err
 
 
 def test_ctrl_c_finishes_the_running_stream_then_exits(model_file):

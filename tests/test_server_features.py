@@ -185,3 +185,59 @@ def test_a_forced_tool_call_comes_back_as_tool_calls_and_goes_back_in(long_serve
                        {"role": "tool", "tool_call_id": call.id, "content": "12 C"}]
     r = c.chat.completions.create(model="m", messages=back, tools=TOOLS, max_tokens=4)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+@pytest.fixture(scope="module")
+def embedding_server(model_file):
+    with live_server(model_file, embeddings=True) as served:
+        yield served
+
+
+def test_embeddings_equal_the_models_and_come_batched(embedding_server, model_file):
+    url, worker = embedding_server
+    c = client(url)
+    texts = ["w1 w2 w3", "w40", "w7 w7 w7 w7 w7"]
+    r = c.embeddings.create(model="m", input=texts)
+    with load(model_file, devices=[], n_ctx=N_CTX, progress=False) as m:
+        want = m.embed(texts, pooling="mean")
+        ids = m.tokenize(texts[0])
+    assert [d.index for d in r.data] == [0, 1, 2]
+    for d, w in zip(r.data, want):
+        assert np.allclose(d.embedding, w, atol=1e-5)
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 3
+    one = c.embeddings.create(model="m", input=ids)              # token ids
+    assert np.allclose(one.data[0].embedding, want[0], atol=1e-5)
+    status, _, raw = request(url, "POST", "/v1/embeddings",
+                             {"input": texts[1], "encoding_format": "base64"})
+    import base64
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    assert status == 200 and np.allclose(decoded, want[1], atol=1e-5)
+    status, _, raw = request(url, "POST", "/embeddings", {"content": texts[0],
+                                                          "embd_normalize": -1})
+    assert status == 200 and len(raw) == 1 and len(raw[0]["embedding"]) == 1
+    assert np.linalg.norm(raw[0]["embedding"][0]) != pytest.approx(1.0, abs=1e-3)
+    status, _, text = request(url, "GET", "/metrics")
+    values = dict(line.split(" ") for line in text.splitlines() if not line.startswith("#"))
+    assert status == 200 and int(values["polydev:prompt_tokens_total"]) >= r.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/v1/embeddings", {"input": []}, 400, "input"),
+    ("/v1/embeddings", {"input": ["ok", 5]}, 400, "input"),
+    ("/v1/embeddings", {"input": "x", "dimensions": 8}, 400, "dimensions"),
+    ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
+    ("/v1/embeddings", {"input": [[1, 99999]]}, 400, "input"),
+    ("/v1/completions", {"prompt": "w1"}, 501, None),
+    ("/v1/chat/completions", {"messages": MESSAGES}, 501, None),
+])
+def test_embedding_server_refusals(embedding_server, path, body, status, param):
+    url, _ = embedding_server
+    got, _, reply = request(url, "POST", path, body)
+    assert got == status and reply["error"]["param"] == param, reply
+    assert client(url).embeddings.create(model="m", input="w1").data
+
+
+def test_a_generating_server_refuses_embeddings(server):
+    url, _ = server
+    status, _, reply = request(url, "POST", "/v1/embeddings", {"input": "w1"})
+    assert status == 501 and "--embeddings" in reply["error"]["message"]

@@ -18,6 +18,8 @@ from .info import add_model_option, add_numerics_option, model_path
 from .placement_options import add_placement_options, placement_settings
 
 _DRAIN_SECONDS = 30             # how long Ctrl-C waits for running requests
+# polydev.models.embeddings.POOLING, named here: the command line loads without the models extra
+_POOLING = ("none", "mean", "cls", "last")
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -41,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                    help="the model's name in the API (default: the file's name)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait for a slot; more get 503 (default 64)")
+    p.add_argument("--embeddings", action="store_true",
+                   help="serve embeddings only (/v1/embeddings, /embeddings), as llama-server's "
+                        "--embeddings")
+    p.add_argument("--pooling", choices=_POOLING,
+                   help="how --embeddings pools a text's tokens (default: the file's "
+                        "pooling_type, else mean)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
     add_numerics_option(p)
     add_placement_options(p)
@@ -62,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_queue < 0:
         raise InvalidArgumentError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    if args.pooling and not args.embeddings:
+        raise InvalidArgumentError("--pooling is for --embeddings")
     path, settings = model_path(args), placement_settings(args)
     if not os.path.isfile(path):
         raise InvalidArgumentError(f"the model file {path} does not exist")
@@ -71,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
         return load(path, settings=settings, progress=not args.no_progress,
                     numerics=args.numerics)
 
-    worker = ModelWorker(load_model, args.parallel, args.max_queue)
+    worker = ModelWorker(load_model, args.parallel, args.max_queue, embeddings=args.embeddings,
+                         pooling=args.pooling)
     app = create_app(worker, model_name=name, api_key=args.api_key,
                      drain_seconds=_DRAIN_SECONDS)
-    print(f"polydev: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
-          f"context {settings.n_ctx}); Ctrl-C stops", file=sys.stderr)
+    what = "embeddings" if args.embeddings else f"{args.parallel} slots"
+    print(f"polydev: serving {name} on http://{args.host}:{args.port} ({what}, context "
+          f"{settings.n_ctx}); Ctrl-C stops", file=sys.stderr)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=_DRAIN_SECONDS)
     server = uvicorn.Server(config)
