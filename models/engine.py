@@ -36,12 +36,13 @@ from polydev.errors import ContextFullError, InvalidArgumentError, PolydevError
 
 from .batch import Batch
 from .kv_cells import MAX_SEQUENCES
+from .kv_state import load_sequence, save_sequence
 from .sampling import Sampler, SamplingParams, TokenLogprob
 from .stop_strings import StopMatcher
 from .streaming import Utf8Stream
 
 __all__ = ["BatchEngine", "Constraint", "EngineSnapshot", "Event", "Finished", "Handle",
-           "Piece", "QueueFullError", "SlotState", "TokenLogprob"]
+           "Piece", "QueueFullError", "SlotBusyError", "SlotState", "TokenLogprob"]
 
 log = logging.getLogger(__name__)
 _MIN_SHARED_PREFIX = 16     # a shorter common prefix is cheaper to recompute than to share
@@ -49,6 +50,10 @@ _MIN_SHARED_PREFIX = 16     # a shorter common prefix is cheaper to recompute th
 
 class QueueFullError(PolydevError, RuntimeError):
     """The engine's queue of waiting requests is full; try again later."""
+
+
+class SlotBusyError(PolydevError, RuntimeError):
+    """A slot's cache cannot be saved, restored or erased while a request holds it."""
 
 
 class Constraint(Protocol):
@@ -336,6 +341,39 @@ class BatchEngine:
     def cached(self, seq_id: int) -> list[int]:
         """The tokens that sequence ``seq_id`` holds in the cache (a copy)."""
         return list(self.slots[seq_id].cached)
+
+    def save_slot(self, seq_id: int, path) -> tuple[int, int]:
+        """Write the cache of free slot ``seq_id`` to ``path`` (``kv_state``): the tokens
+        saved and the bytes written."""
+        slot = self._free_slot(seq_id)
+        return len(slot.cached), save_sequence(self.model.kv, seq_id, slot.cached, path)
+
+    def restore_slot(self, seq_id: int, path) -> tuple[int, int]:
+        """Replace the cache of free slot ``seq_id`` with the one saved in ``path``, so that
+        a request beginning with its tokens reuses them: the tokens restored and the bytes
+        read."""
+        slot = self._free_slot(seq_id)
+        slot.cached = []
+        tokens, n_read = load_sequence(self.model.kv, seq_id, path)
+        slot.cached = tokens
+        return len(tokens), n_read
+
+    def erase_slot(self, seq_id: int) -> int:
+        """Forget the cache of free slot ``seq_id``: the tokens it held."""
+        slot = self._free_slot(seq_id)
+        n = len(slot.cached)
+        self.model.kv.seq_rm(seq_id)
+        slot.cached = []
+        return n
+
+    def _free_slot(self, seq_id: int) -> _Slot:
+        if not 0 <= seq_id < len(self.slots):
+            raise InvalidArgumentError(f"there is no slot {seq_id}: the slots are 0 to "
+                                       f"{len(self.slots) - 1}")
+        slot = self.slots[seq_id]
+        if slot.handle is not None:
+            raise SlotBusyError(f"slot {seq_id} is serving a request")
+        return slot
 
     # --- admission --------------------------------------------------------------------------
 

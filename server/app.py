@@ -17,6 +17,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -26,9 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from polydev.errors import ContextFullError, MissingDependencyError, PolydevError
+from polydev.errors import (ContextFullError, InvalidArgumentError, MissingDependencyError,
+                            PolydevError)
 from polydev.models import SamplingParams
-from polydev.models.engine import Finished, Piece, QueueFullError
+from polydev.models.engine import Finished, Piece, QueueFullError, SlotBusyError
+from polydev.models.kv_state import checked_name
 from polydev.models.grammar import CONTROL_TYPES, Grammar, GrammarError
 from polydev.models.tool_calls import call_grammar
 
@@ -46,9 +49,10 @@ _PUBLIC = ("/health", "/v1/models")     # answered without the API key, as llama
 
 
 def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = None,
-               drain_seconds: float = 30.0) -> Starlette:
+               drain_seconds: float = 30.0, slot_save_path: str | None = None) -> Starlette:
     """The application; it starts ``worker`` when it starts and stops it (draining) when it
-    stops."""
+    stops. ``slot_save_path``: the folder where ``/slots/{id}?action=save`` writes a slot's
+    cache and ``restore`` reads it (None: those actions are refused, as llama-server's)."""
     created = int(time.time())
 
     @asynccontextmanager
@@ -94,6 +98,11 @@ def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = No
                               "n_cached": s.n_cached, "n_decoded": s.n_decoded}
                              for s in worker.engine.snapshot().slots])
 
+    async def slot_action(request: Request) -> Response:
+        _require_ready(worker)
+        _require_mode(worker, embeddings=False)
+        return await _slot_action(request, worker, slot_save_path)
+
     async def completions(request: Request) -> Response:
         _require_mode(worker, embeddings=False)
         return await _generate(request, worker, read_completion, model_name, chat=False)
@@ -115,6 +124,7 @@ def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = No
     routes = [Route("/health", guarded(health)), Route("/v1/health", guarded(health)),
               Route("/v1/models", guarded(models)), Route("/metrics", guarded(metrics)),
               Route("/slots", guarded(slots)),
+              Route("/slots/{id_slot}", guarded(slot_action), methods=["POST"]),
               Route("/v1/completions", guarded(completions), methods=["POST"]),
               Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
               Route("/v1/embeddings", guarded(embeddings), methods=["POST"]),
@@ -130,6 +140,54 @@ def _require_ready(worker: ModelWorker) -> None:
     if worker.state == "failed":
         raise RequestError(f"the model failed: {worker.error}", status=500,
                            type="server_error")
+
+
+async def _slot_action(request: Request, worker: ModelWorker, folder: str | None) -> Response:
+    """llama-server's ``POST /slots/{id}?action=save|restore|erase`` (``{"filename": ...}``
+    for save and restore, in ``--slot-save-path``)."""
+    if folder is None:
+        raise RequestError("slot actions need polydev serve --slot-save-path DIR", status=501,
+                           type="not_supported_error")
+    try:
+        slot = int(request.path_params["id_slot"])
+    except ValueError:
+        raise RequestError(f"no slot {request.path_params['id_slot']!r}: slots are numbered",
+                           param="id_slot") from None
+    action = request.query_params.get("action")
+    engine = worker.engine
+    if action == "erase":
+        erased = await _on_model_thread(worker, lambda: engine.erase_slot(slot))
+        return JSONResponse({"id_slot": slot, "n_erased": erased})
+    if action not in ("save", "restore"):
+        raise RequestError('action must be "save", "restore" or "erase"', param="action")
+    body = await _json_body(request)
+    name = body.get("filename") if isinstance(body, dict) else None
+    try:
+        path = Path(folder) / checked_name(name)
+    except InvalidArgumentError as e:
+        raise RequestError(str(e), param="filename") from None
+    start = time.perf_counter()
+    if action == "save":
+        n, size = await _on_model_thread(worker, lambda: engine.save_slot(slot, path))
+        return JSONResponse({"id_slot": slot, "filename": name, "n_saved": n,
+                             "n_written": size, "timings": {"save_ms": _ms_since(start)}})
+    n, size = await _on_model_thread(worker, lambda: engine.restore_slot(slot, path))
+    return JSONResponse({"id_slot": slot, "filename": name, "n_restored": n, "n_read": size,
+                         "timings": {"restore_ms": _ms_since(start)}})
+
+
+async def _on_model_thread(worker: ModelWorker, function: Callable[[], Any]) -> Any:
+    try:
+        return await worker.call(function, asyncio.get_running_loop())
+    except SlotBusyError as e:
+        raise RequestError(str(e), status=503, type="unavailable_error",
+                           code="slot_busy") from None
+    except PolydevError as e:
+        raise RequestError(str(e)) from None
+
+
+def _ms_since(start: float) -> float:
+    return round((time.perf_counter() - start) * 1e3, 3)
 
 
 def _require_mode(worker: ModelWorker, embeddings: bool) -> None:

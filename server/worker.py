@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -37,6 +38,7 @@ class ModelWorker:
         self.engine: BatchEngine | EmbeddingEngine | None = None
         self.error: BaseException | None = None
         self.busy_seconds = 0.0             # time spent in steps that did work
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()    # run on the model's thread
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="polydev-model", daemon=True)
@@ -88,6 +90,30 @@ class ModelWorker:
         future.add_done_callback(lambda f: job.cancel() if f.cancelled() else None)
         return future
 
+    def call(self, function: Callable[[], Any], loop: asyncio.AbstractEventLoop
+             ) -> asyncio.Future:
+        """Run ``function`` on the model's thread between two steps (what must not race the
+        engine: a slot's cache saved or restored); the future gets its result or error."""
+        future = loop.create_future()
+
+        def run() -> None:
+            try:
+                result, error = function(), None
+            except Exception as e:          # the caller's to answer
+                result, error = None, e
+
+            def settle() -> None:
+                if future.done():
+                    return
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+            loop.call_soon_threadsafe(settle)
+        self._calls.put(run)
+        self.engine.wake()
+        return future
+
     def stop(self, drain_seconds: float = 30.0) -> None:
         """Let running and waiting requests finish (up to ``drain_seconds``), then stop the
         thread and close the model."""
@@ -117,6 +143,8 @@ class ModelWorker:
                  if self.embeddings else f"{self.n_slots} slots")
         try:
             while not self._stopping.is_set():
+                while not self._calls.empty():
+                    self._calls.get()()
                 start = time.perf_counter()
                 if self.engine.step():
                     self.busy_seconds += time.perf_counter() - start

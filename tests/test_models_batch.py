@@ -611,3 +611,31 @@ def test_requests_with_one_prompt_share_its_cells(engine_model):
         engine.run_until_done()
     assert sorted(e.cached_tokens for e in ends.values()) == [0, 39, 39]
     assert tokens[0] == tokens[1] == tokens[2] == generate_alone(engine_model, prompt, 4)
+
+
+def test_a_saved_slot_restores_into_the_same_model_only(engine_model, tmp_path):
+    from polydev.models.engine import SlotBusyError
+
+    prompt = tokens_for(30, 5)
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        engine = BatchEngine(m, n_slots=2)
+        engine.submit(prompt, lambda e: None, max_tokens=3, params=SamplingParams(temperature=0))
+        engine.run_until_done()
+        held = engine.cached(0)
+        assert engine.save_slot(0, tmp_path / "s.bin")[0] == len(held)
+        engine.erase_slot(0)
+        assert engine.restore_slot(1, tmp_path / "s.bin")[0] == len(held)   # another slot
+        assert engine.cached(1) == held and m.memory.cells.used == len(held)
+        tokens = []
+        engine.submit(held + [7], lambda e: tokens.extend(getattr(e, "tokens", ())),
+                      max_tokens=3, params=SamplingParams(temperature=0))
+        engine.step()
+        with pytest.raises(SlotBusyError, match="slot 1 is serving"):
+            engine.save_slot(1, tmp_path / "busy.bin")
+        engine.run_until_done()
+    assert tokens == generate_alone(engine_model, held + [7], 3)
+    other = write_test_model(tmp_path / "wide.gguf", n_layer=2, n_embd=128, weight_type="F16")
+    with load(other, devices=[], n_ctx=256, progress=False) as m:
+        with pytest.raises(InvalidArgumentError, match="another model or cache"):
+            BatchEngine(m, n_slots=1).restore_slot(0, tmp_path / "s.bin")
+        assert m.memory.cells.used == 0

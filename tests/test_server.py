@@ -40,13 +40,14 @@ def model_file(tmp_path_factory):
 
 @contextmanager
 def live_server(path, *, n_slots=4, api_key=None, max_queued=64, load_model=None,
-                wait_ready=True, embeddings=False):
+                wait_ready=True, embeddings=False, slot_save_path=None):
     """A server on a free port of 127.0.0.1, stopped on the way out; with ``wait_ready``, once
     its model has loaded (a request before then is a 503, which only one test wants)."""
     def default_load():
         return load(path, devices=[], n_ctx=N_CTX, progress=False)
     worker = ModelWorker(load_model or default_load, n_slots, max_queued, embeddings=embeddings)
-    app = create_app(worker, model_name="test-model", api_key=api_key, drain_seconds=10)
+    app = create_app(worker, model_name="test-model", api_key=api_key, drain_seconds=10,
+                     slot_save_path=slot_save_path)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -241,3 +241,40 @@ def test_a_generating_server_refuses_embeddings(server):
     url, _ = server
     status, _, reply = request(url, "POST", "/v1/embeddings", {"input": "w1"})
     assert status == 501 and "--embeddings" in reply["error"]["message"]
+
+
+def test_a_slot_saved_erased_and_restored_serves_its_prefix_again(model_file, tmp_path):
+    with live_server(model_file, n_slots=2, slot_save_path=str(tmp_path)) as (url, _):
+        c = client(url)
+        prompt = " ".join(f"w{i % 50}" for i in range(25))
+        first = c.completions.create(model="m", prompt=prompt, max_tokens=4, temperature=0)
+        [slot] = [s for s in request(url, "GET", "/slots")[2] if s["n_cached"]]
+        status, _, saved = request(url, "POST", f"/slots/{slot['id']}?action=save",
+                                   {"filename": "chat.bin"})
+        assert status == 200 and saved["n_saved"] == slot["n_cached"]
+        assert saved["n_written"] == (tmp_path / "chat.bin").stat().st_size
+        status, _, erased = request(url, "POST", f"/slots/{slot['id']}?action=erase")
+        assert status == 200 and erased["n_erased"] == slot["n_cached"]
+        assert not any(s["n_cached"] for s in request(url, "GET", "/slots")[2])
+        status, _, restored = request(url, "POST", f"/slots/{slot['id']}?action=restore",
+                                      {"filename": "chat.bin"})
+        assert status == 200 and restored["n_restored"] == slot["n_cached"]
+        again = c.completions.create(model="m", prompt=prompt, max_tokens=4, temperature=0)
+        assert again.choices[0].text == first.choices[0].text
+        assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+
+        for action, body, status, param in [
+                ("save", {"filename": "../up.bin"}, 400, "filename"),
+                ("save", {"filename": ".hidden"}, 400, "filename"),
+                ("restore", {"filename": "absent.bin"}, 400, None),
+                ("rename", {"filename": "x"}, 400, "action")]:
+            got, _, reply = request(url, "POST", f"/slots/0?action={action}", body)
+            assert (got, reply["error"]["param"]) == (status, param), reply
+        got, _, reply = request(url, "POST", "/slots/7?action=erase")
+        assert got == 400 and "no slot 7" in reply["error"]["message"]
+        (tmp_path / "short.bin").write_bytes((tmp_path / "chat.bin").read_bytes()[:-10])
+        got, _, reply = request(url, "POST", "/slots/0?action=restore",
+                                {"filename": "short.bin"})
+        assert got == 400 and "damaged" in reply["error"]["message"]
+    with live_server(model_file) as (url, _):
+        assert request(url, "POST", "/slots/0?action=erase")[0] == 501

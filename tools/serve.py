@@ -49,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--pooling", choices=_POOLING,
                    help="how --embeddings pools a text's tokens (default: the file's "
                         "pooling_type, else mean)")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="where POST /slots/{id}?action=save writes a slot's cache and restore "
+                        "reads it (default: those actions are off)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
     add_numerics_option(p)
     add_placement_options(p)
@@ -72,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--max-queue must be 0 or more, got {args.max_queue}")
     if args.pooling and not args.embeddings:
         raise InvalidArgumentError("--pooling is for --embeddings")
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        raise InvalidArgumentError(f"--slot-save-path {args.slot_save_path} is not a folder")
     path, settings = model_path(args), placement_settings(args)
     if not os.path.isfile(path):
         raise InvalidArgumentError(f"the model file {path} does not exist")
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     worker = ModelWorker(load_model, args.parallel, args.max_queue, embeddings=args.embeddings,
                          pooling=args.pooling)
     app = create_app(worker, model_name=name, api_key=args.api_key,
-                     drain_seconds=_DRAIN_SECONDS)
+                     drain_seconds=_DRAIN_SECONDS, slot_save_path=args.slot_save_path)
     what = "embeddings" if args.embeddings else f"{args.parallel} slots"
     print(f"polydev: serving {name} on http://{args.host}:{args.port} ({what}, context "
           f"{settings.n_ctx}); Ctrl-C stops", file=sys.stderr)
