@@ -38,6 +38,7 @@ from .batch import Batch
 from .kv_cells import MAX_SEQUENCES
 from .kv_state import load_sequence, save_sequence
 from .sampling import Sampler, SamplingParams, TokenLogprob
+from .speculative import Drafter
 from .stop_strings import StopMatcher
 from .streaming import Utf8Stream
 
@@ -116,6 +117,8 @@ class EngineSnapshot:
     generated_tokens: int
     kv_cells_used: int
     kv_cells_size: int
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass
@@ -157,13 +160,18 @@ class _Slot:
     cached_prompt: int = 0
     first_token: float | None = None
     last_used: int = 0
+    draft: list[int] = field(default_factory=list)     # drafted tokens in this step's batch
+    drafted: int = 0                                   # for the request: drafted and kept
+    accepted: int = 0
 
 
 class BatchEngine:
     """Requests over the ``n_slots`` sequences of ``model``'s cache (see the module doc)."""
 
-    def __init__(self, model, n_slots: int = 4, max_queued: int = 64) -> None:
-        """``max_queued``: requests that may wait beyond those the free slots will take."""
+    def __init__(self, model, n_slots: int = 4, max_queued: int = 64,
+                 drafter: Drafter | None = None) -> None:
+        """``max_queued``: requests that may wait beyond those the free slots will take;
+        ``drafter``: drafts for speculative decoding (``polydev.models.speculative``)."""
         if not 1 <= n_slots <= MAX_SEQUENCES:
             raise InvalidArgumentError(f"n_slots must be in [1, {MAX_SEQUENCES}], got {n_slots}")
         self.model = model
@@ -176,6 +184,9 @@ class BatchEngine:
         self._steps = 0
         self.generated_tokens = 0
         self.prompt_tokens = 0
+        self.drafter = drafter
+        self.drafted_tokens = 0         # drafted tokens checked, and those the sampler kept
+        self.accepted_tokens = 0
 
     # --- any thread ---------------------------------------------------------------------------
 
@@ -227,7 +238,8 @@ class BatchEngine:
         slots = tuple(_slot_state(s) for s in self.slots)
         cells = self.model.memory.cells
         return EngineSnapshot(slots, len(self._queue), sum(s.processing for s in slots),
-                              self.prompt_tokens, self.generated_tokens, cells.used, cells.size)
+                              self.prompt_tokens, self.generated_tokens, cells.used, cells.size,
+                              self.drafted_tokens, self.accepted_tokens)
 
     def wait_for_work(self, timeout: float) -> None:
         """Block until a request is queued (or ``timeout`` seconds pass)."""
@@ -251,6 +263,8 @@ class BatchEngine:
         batch, owners = self._next_batch()
         if not len(batch):
             return False
+        rows = [n for _, n in owners]
+        owners = [slot for slot, _ in owners]
         try:
             logits = self.model.evaluator.decode(batch)   # the slots keep their own tokens
         except PolydevError as e:           # the batch is rolled back; its requests end
@@ -259,11 +273,16 @@ class BatchEngine:
                 self._finish(slot, "error", e)
             return True
         self._record(batch)
-        for slot, row in zip(owners, logits):
+        first = 0
+        for slot, n in zip(owners, rows):
+            mine, first = logits[first:first + n], first + n
             if slot.handle is None:
                 continue
             try:
-                self._sample(slot, row)
+                if slot.draft:
+                    self._sample_drafted(slot, mine)
+                else:
+                    self._sample(slot, mine[0])
             except Exception as e:          # one request's failure is not the others'
                 log.exception("sampling failed")
                 self._finish(slot, "error", e, flush=False)
@@ -442,22 +461,29 @@ class BatchEngine:
             slot.sampler.accept(t)
         slot.utf8, slot.stop = Utf8Stream(), StopMatcher(handle.stops)
         slot.generated, slot.cached_prompt, slot.first_token = 0, keep, None
+        slot.drafted = slot.accepted = 0
 
     # --- the batch --------------------------------------------------------------------------
 
-    def _next_batch(self) -> tuple[Batch, list[_Slot]]:
-        """The next token of every decoding sequence, then prompt chunks in what room is
-        left; the slots whose logits come back, in the batch's order."""
+    def _next_batch(self) -> tuple[Batch, list[tuple[_Slot, int]]]:
+        """The next token of every decoding sequence (and its draft, when speculating), then
+        prompt chunks in what room is left; the slots whose logits come back, in the batch's
+        order, with how many rows each."""
         decoding = [s for s in self.slots if s.handle is not None and s.next_token is not None]
         reading = [s for s in self.slots if s.handle is not None and s.pending]
         room = self._make_room(len(decoding), reading)
         decoding = [s for s in decoding if s.handle is not None]    # some may have ended
+        drafted = self._draft(decoding, min(room, self.model.evaluator.n_batch)
+                              - len(decoding))
         batch, owners = Batch(), []
         for slot in decoding:
             batch.add(slot.next_token, slot.seq_id, logits=True)
-            owners.append(slot)
+            for token in slot.draft:
+                batch.add(token, slot.seq_id, logits=True)
+            owners.append((slot, 1 + len(slot.draft)))
             slot.last_used = self._steps
-        budget = min(self.model.evaluator.n_batch - len(decoding), room - len(decoding))
+        used = len(decoding) + drafted
+        budget = min(self.model.evaluator.n_batch - used, room - used)
         for slot in reading:
             chunk = slot.pending[:max(budget, 0)]
             if not chunk:
@@ -465,10 +491,32 @@ class BatchEngine:
             last = len(chunk) == len(slot.pending)
             batch.add_sequence(chunk, slot.seq_id, logits="last" if last else "none")
             if last:
-                owners.append(slot)
+                owners.append((slot, 1))
             budget -= len(chunk)
             slot.last_used = self._steps
         return batch, owners
+
+    def _draft(self, decoding: list[_Slot], room: int) -> int:
+        """Give each decoding slot its draft (``slot.draft``) in ``room`` cells and batch
+        rows at most; the tokens drafted."""
+        for slot in self.slots:
+            slot.draft = []
+        if self.drafter is None or not decoding or room <= 0:
+            return 0
+        n_ctx = self.model.n_ctx
+        limits = {s.seq_id: min(s.handle.max_tokens - s.generated - 1,
+                                n_ctx - len(s.cached) - 2) for s in decoding}
+        histories = {s.seq_id: s.cached + [s.next_token] for s in decoding
+                     if limits[s.seq_id] > 0}
+        if not histories:
+            return 0
+        drafts = self.drafter.draft(histories, limits)
+        used = 0
+        for slot in decoding:
+            draft = drafts.get(slot.seq_id, [])[:max(room - used, 0)]
+            slot.draft = draft if len(draft) >= max(self.drafter.settings.draft_min, 1) else []
+            used += len(slot.draft)
+        return used
 
     def _make_room(self, n_decoding: int, reading: list[_Slot]) -> int:
         """Free cells for this step: idle slots' caches go first, then, while the decoding
@@ -555,6 +603,29 @@ class BatchEngine:
         else:
             slot.next_token = token
 
+    def _sample_drafted(self, slot: _Slot, rows: np.ndarray) -> None:
+        """Walk the rows of a drafted sequence: row i follows the draft's first i tokens.
+        The token sampled from row i is kept; while it equals the draft's next token that
+        token's cells are already computed and the walk goes on; at the first difference (or
+        the request's end) the rest of the draft leaves the cache."""
+        draft, kept = slot.draft, 0
+        slot.draft = []
+        self.drafted_tokens += len(draft)
+        slot.drafted += len(draft)
+        for i, row in enumerate(rows):
+            self._sample(slot, row)
+            if slot.handle is None or i == len(draft) or slot.next_token != draft[i]:
+                break
+            slot.next_token = None          # drafted: its keys and values are cached
+            kept += 1
+        self.accepted_tokens += kept
+        self.generated_tokens += kept
+        slot.accepted += kept
+        rejected = len(draft) - kept
+        if rejected:
+            del slot.cached[len(slot.cached) - rejected:]
+            self.model.kv.seq_rm(slot.seq_id, len(slot.cached))
+
     @staticmethod
     def _send(slot: _Slot, text: str) -> None:
         slot.handle.on_event(Piece(text, tuple(slot.unsent), tuple(slot.unsent_logprobs)))
@@ -570,6 +641,10 @@ class BatchEngine:
                 self._send(slot, tail)
         slot.handle, slot.pending, slot.next_token = None, [], None
         slot.unsent, slot.unsent_logprobs = [], []
+        if slot.drafted:
+            log.info("slot %d: %d tokens, %d of %d drafted tokens kept (%.0f%%)", slot.seq_id,
+                     slot.generated, slot.accepted, slot.drafted,
+                     100.0 * slot.accepted / slot.drafted)
         handle.on_event(Finished(reason, len(handle.prompt), slot.generated, slot.cached_prompt,
                                  slot.first_token, error))
 

@@ -23,6 +23,7 @@ import json
 import logging
 import sys
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 MAX_BACKENDS = 16
 MAX_COPIES = 4
+# graphs whose placements (and bound plans) stay ready: speculative decoding alternates a
+# decode graph with verification graphs, and re-placing each took ~30 ms per step
+_GRAPHS_KEPT = 4
 DEBUG_ENV = "POLYDEV_SCHED_DEBUG"      # 1: print the splits; 2: and every node's placement
 
 EvalCallback = Callable[[Tensor, bool], bool]
@@ -101,9 +105,11 @@ class Scheduler(Resource):
         self._step: _Step | None = None
         self._signature: tuple | None = None
         self._last_graph: Graph | None = None      # the graph the signature belongs to
+        self._last_step: _Step | None = None       # and its placement
+        self._kept: OrderedDict[int, tuple[Graph, tuple[int, int], _Step]] = OrderedDict()
         self._allocated_graph: Graph | None = None
         self._allocated_size = (0, 0)
-        self._plans = SplitPlans(keep=self.n_copies)
+        self._plans = SplitPlans(keep=self.n_copies * _GRAPHS_KEPT)
         self._step_plans: list = []       # each split's plan for the allocated graph
         self.cur_copy = 0
         self._next_copy = 0
@@ -152,6 +158,7 @@ class Scheduler(Resource):
         """Pin ``t`` to ``backend``: every later placement keeps it (until ``reset``)."""
         self._user.set(t, self.backend_id(backend), "usr")
         self._signature = None
+        self._kept.clear()
         self._allocated_graph = None            # the next alloc_graph places again
 
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
@@ -175,7 +182,8 @@ class Scheduler(Resource):
         self._user = Assignment()
         self._step = None
         self._signature = None
-        self._last_graph = None
+        self._last_graph = self._last_step = None
+        self._kept.clear()
         self._allocated_graph = None
         self._plans.clear()
         self._step_plans = []
@@ -200,7 +208,7 @@ class Scheduler(Resource):
             return
         self.cur_copy = self._next_copy
         self._next_copy = (self._next_copy + 1) % self.n_copies
-        step = self._plan(graph)
+        step = self._placed(graph)
         sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
         if not self.galloc.alloc_graph(sched_graph):
             self._sync_backends()          # the copy slots stay as they are
@@ -291,29 +299,45 @@ class Scheduler(Resource):
 
     # --- planning -------------------------------------------------------------------------------
 
+    def _placed(self, graph: Graph) -> _Step:
+        """``graph``'s placement: kept from an earlier allocation of the same graph object
+        (no node or leaf added since), else planned."""
+        size = (graph.n_nodes, graph.n_leafs)
+        kept = self._kept.get(id(graph))
+        if kept is not None and kept[0] is graph and kept[1] == size:
+            self._kept.move_to_end(id(graph))
+            return kept[2]
+        step = self._plan(graph)
+        self._kept[id(graph)] = (graph, size, step)
+        while len(self._kept) > _GRAPHS_KEPT:
+            self._kept.popitem(last=False)
+        return step
+
     def _plan(self, graph: Graph) -> _Step:
         if graph.n_nodes + graph.n_leafs > 2 * self.graph_size:
             raise InvalidArgumentError(f"graph of {graph.n_nodes} nodes and {graph.n_leafs} "
                                        f"leafs exceeds the scheduler's graph size "
                                        f"{self.graph_size}")
         signature = _signature(graph)
-        if self._step is not None and signature == self._signature:
+        if self._last_step is not None and signature == self._signature:
             return self._replan(graph)
         ids, splits = plan_splits(self.backends, self.bufts, self.op_offload, self._user, graph)
         self._signature = signature
         self._last_graph = graph
-        return self._build_step(graph, ids, splits)
+        self._last_step = self._build_step(graph, ids, splits)
+        return self._last_step
 
     def _replan(self, graph: Graph) -> _Step:
         """The last placement moved onto a graph of the same structure (no passes)."""
-        old_graph, old = self._last_graph, self._step
+        old_graph, old = self._last_graph, self._last_step
         mapping = _correspondence(old_graph, graph)
         ids = old.ids.remapped(mapping)
         splits = [Split(s.backend_id, s.i_start, s.i_end,
                         [mapping[id(t)] for t in s.inputs], set(s.reads_from))
                   for s in old.splits]
         self._last_graph = graph
-        return self._build_step(graph, ids, splits)
+        self._last_step = self._build_step(graph, ids, splits)
+        return self._last_step
 
     def _build_step(self, graph: Graph, ids: Assignment, splits: list[Split]) -> _Step:
         resolve: dict[int, Tensor] = {}

@@ -25,6 +25,12 @@ def prometheus_text(worker: ModelWorker) -> str:
         ("kv_cache_usage_ratio", "gauge", "Share of the KV cache's cells in use.",
          now.kv_cells_used / now.kv_cells_size),
         ("n_slots", "gauge", "Sequences served at once.", len(now.slots)),
+        ("draft_tokens_total", "counter", "Drafted tokens checked (speculative decoding).",
+         now.drafted_tokens),
+        ("draft_tokens_accepted_total", "counter", "Drafted tokens the sampler kept.",
+         now.accepted_tokens),
+        ("draft_acceptance_ratio", "gauge", "Share of the drafted tokens kept.",
+         now.accepted_tokens / now.drafted_tokens if now.drafted_tokens else 0.0),
     ]
     lines = []
     for name, kind, text, value in rows:

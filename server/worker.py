@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from polydev.models import Model
 from polydev.models.embedding_engine import EmbeddingEngine
 from polydev.models.engine import BatchEngine, Event, Handle
+from polydev.models.speculative import Drafter
 
 __all__ = ["ModelWorker"]
 
@@ -31,9 +32,13 @@ class ModelWorker:
     (default: the file's, else "mean")."""
 
     def __init__(self, load: Callable[[], Model], n_slots: int, max_queued: int, *,
-                 embeddings: bool = False, pooling: str | None = None) -> None:
+                 embeddings: bool = False, pooling: str | None = None,
+                 drafter: Callable[[Model], Drafter] | None = None) -> None:
+        """``drafter``: makes the speculative drafter for the loaded model (a draft model is
+        loaded then, on the model's thread)."""
         self._load, self.n_slots, self.max_queued = load, n_slots, max_queued
         self.embeddings, self._pooling = embeddings, pooling
+        self._make_drafter, self.drafter = drafter, None
         self.model: Model | None = None
         self.engine: BatchEngine | EmbeddingEngine | None = None
         self.error: BaseException | None = None
@@ -131,11 +136,15 @@ class ModelWorker:
     def _main(self) -> None:
         try:
             self.model = self._load()
+            if self._make_drafter is not None:
+                self.drafter = self._make_drafter(self.model)
             self.engine = (EmbeddingEngine(self.model, self.max_queued) if self.embeddings
-                           else BatchEngine(self.model, self.n_slots, self.max_queued))
+                           else BatchEngine(self.model, self.n_slots, self.max_queued,
+                                            self.drafter))
         except BaseException as e:          # reported by /health and the log, not raised here
             log.error("the model failed to load: %s", e)
             self.error = e
+            self._close_models()
             self._ready.set()
             return
         self._ready.set()
@@ -155,4 +164,10 @@ class ModelWorker:
             self.error = e
             self.engine.abort(e if isinstance(e, Exception) else RuntimeError(repr(e)))
         finally:
+            self._close_models()
+
+    def _close_models(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        if self.model is not None:
             self.model.close()

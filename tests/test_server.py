@@ -40,12 +40,13 @@ def model_file(tmp_path_factory):
 
 @contextmanager
 def live_server(path, *, n_slots=4, api_key=None, max_queued=64, load_model=None,
-                wait_ready=True, embeddings=False, slot_save_path=None):
+                wait_ready=True, embeddings=False, slot_save_path=None, drafter=None):
     """A server on a free port of 127.0.0.1, stopped on the way out; with ``wait_ready``, once
     its model has loaded (a request before then is a 503, which only one test wants)."""
     def default_load():
         return load(path, devices=[], n_ctx=N_CTX, progress=False)
-    worker = ModelWorker(load_model or default_load, n_slots, max_queued, embeddings=embeddings)
+    worker = ModelWorker(load_model or default_load, n_slots, max_queued, embeddings=embeddings,
+                         drafter=drafter)
     app = create_app(worker, model_name="test-model", api_key=api_key, drain_seconds=10,
                      slot_save_path=slot_save_path)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -272,6 +273,10 @@ def test_serve_command_line_mistakes_are_one_line(capsys, tmp_path):
     assert "-np must be in [1, 64]" in capsys.readouterr().err
     assert main(["serve", "--pooling", "mean", "-m", str(tmp_path / "absent.gguf")]) == 1
     assert "--pooling is for --embeddings" in capsys.readouterr().err
+    assert main(["serve", "--spec-type", "draft", "-m", str(tmp_path / "absent.gguf")]) == 1
+    assert "needs a draft model: -md FILE" in capsys.readouterr().err
+    assert main(["serve", "--spec-type", "ngram", "--draft-max", "0"]) == 1
+    assert "draft_max (--draft-max) must be in [1, 64]" in capsys.readouterr().err
 
 
 def test_ctrl_c_finishes_the_running_stream_then_exits(model_file):

@@ -278,3 +278,26 @@ def test_a_slot_saved_erased_and_restored_serves_its_prefix_again(model_file, tm
         assert got == 400 and "damaged" in reply["error"]["message"]
     with live_server(model_file) as (url, _):
         assert request(url, "POST", "/slots/0?action=erase")[0] == 501
+
+
+def test_speculative_serving_gives_the_same_text_and_counts_its_drafts(model_file, server):
+    from polydev.models.speculative import ModelDrafter, SpeculativeSettings
+
+    def same_model_drafts(model):
+        draft = load(model_file, devices=[], n_ctx=N_CTX, progress=False)
+        return ModelDrafter(draft, model.hparams.n_vocab, SpeculativeSettings(draft_max=4,
+                                                                              p_min=0.0))
+    prompts = ["w1 w2 w3 w1 w2 w3 w1", "w5 w9", "w30 w31 w32"]
+    plain_url, _ = server
+    want = [client(plain_url).completions.create(model="m", prompt=p, max_tokens=12,
+                                                 temperature=0).choices[0].text
+            for p in prompts]
+    with live_server(model_file, drafter=same_model_drafts) as (url, worker):
+        c = client(url)
+        got = [c.completions.create(model="m", prompt=p, max_tokens=12,
+                                    temperature=0).choices[0].text for p in prompts]
+        _, _, text = request(url, "GET", "/metrics")
+    assert got == want
+    values = dict(line.split(" ") for line in text.splitlines() if not line.startswith("#"))
+    assert int(values["polydev:draft_tokens_total"]) > 0
+    assert float(values["polydev:draft_acceptance_ratio"]) > 0.9

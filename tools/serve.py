@@ -49,6 +49,22 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--pooling", choices=_POOLING,
                    help="how --embeddings pools a text's tokens (default: the file's "
                         "pooling_type, else mean)")
+    p.add_argument("-v", "--verbose", dest="log_level", action="store_const", const="INFO",
+                   default=argparse.SUPPRESS,
+                   help="log at INFO: each request's draft acceptance, loading (--log-level "
+                        "INFO)")
+    spec = p.add_argument_group("speculative decoding (llama-server's options)")
+    spec.add_argument("-md", "--model-draft", metavar="FILE",
+                      help="a draft model of the same vocabulary, on the CPU")
+    spec.add_argument("--spec-type", choices=("draft", "ngram"),
+                      help="draft: the -md model; ngram: no model, the sequence's own n-grams "
+                           "(default: draft with -md, else off)")
+    spec.add_argument("--draft-max", type=int, default=16, metavar="N",
+                      help="tokens drafted at most per step (default 16)")
+    spec.add_argument("--draft-min", type=int, default=0, metavar="N",
+                      help="shorter drafts are not checked (default 0)")
+    spec.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
+                      help="the draft model stops below this probability (default 0.75)")
     p.add_argument("--slot-save-path", metavar="DIR",
                    help="where POST /slots/{id}?action=save writes a slot's cache and restore "
                         "reads it (default: those actions are off)")
@@ -56,6 +72,34 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     add_numerics_option(p)
     add_placement_options(p)
     p.set_defaults(run=run)
+
+
+def _drafter(args: argparse.Namespace):
+    """What makes the speculative drafter (after the model loads), or None."""
+    kind = args.spec_type or ("draft" if args.model_draft else None)
+    if kind is None:
+        return None
+    if args.embeddings:
+        raise InvalidArgumentError("speculative decoding is for generation, not --embeddings")
+    from polydev.models import load
+    from polydev.models.speculative import ModelDrafter, NgramDrafter, SpeculativeSettings
+
+    settings = SpeculativeSettings(args.draft_max, args.draft_min, args.draft_p_min)
+    if kind == "ngram":
+        return lambda model: NgramDrafter(settings)
+    if not args.model_draft:
+        raise InvalidArgumentError("--spec-type draft needs a draft model: -md FILE")
+    if not os.path.isfile(args.model_draft):
+        raise InvalidArgumentError(f"the draft model {args.model_draft} does not exist")
+
+    def make(model):
+        draft = load(args.model_draft, devices=[], n_ctx=model.n_ctx, progress=False)
+        try:
+            return ModelDrafter(draft, model.hparams.n_vocab, settings)
+        except BaseException:
+            draft.close()
+            raise
+    return make
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--pooling is for --embeddings")
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise InvalidArgumentError(f"--slot-save-path {args.slot_save_path} is not a folder")
+    drafter = _drafter(args)
     path, settings = model_path(args), placement_settings(args)
     if not os.path.isfile(path):
         raise InvalidArgumentError(f"the model file {path} does not exist")
@@ -87,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                     numerics=args.numerics)
 
     worker = ModelWorker(load_model, args.parallel, args.max_queue, embeddings=args.embeddings,
-                         pooling=args.pooling)
+                         pooling=args.pooling, drafter=drafter)
     app = create_app(worker, model_name=name, api_key=args.api_key,
                      drain_seconds=_DRAIN_SECONDS, slot_save_path=args.slot_save_path)
     what = "embeddings" if args.embeddings else f"{args.parallel} slots"
