@@ -5,11 +5,14 @@
 # with POLYDEV_CPU_KERNELS=x86-64-v3).
 #
 #   bash bench/anchors.sh [mainline|ik|all] [native|avx2|all]   (default: all all)
+#   bash bench/anchors.sh server       (mainline's llama-server, for this host)
 #
-# Then: python bench/models.py --scale $(bash bench/anchors.sh --flags)
+# Then: python bench/models.py --scale $(bash bench/anchors.sh --flags), and
+# python bench/serve.py --llama-server $(bash bench/anchors.sh --server)
 #
 # Builds land in $POLYDEV_ANCHORS (default ~/.cache/polydev/anchors): mainline-native,
-# mainline-avx2, ik-native, ik-avx2, each with bin/llama-bench. A build that is there is kept
+# mainline-avx2, ik-native, ik-avx2, each with bin/llama-bench (server-native: bin/llama-server).
+# A build that is there is kept
 # (remove its folder to rebuild). Sources: llama-cpp-python's source distribution, from
 # $LLAMA_CPP_SDIST (a .tar.gz) or .test-data/ or pip download; ik_llama.cpp from $IK_SOURCE (a
 # checkout or a git directory) or a shallow clone of its public repository without its model
@@ -73,28 +76,35 @@ ik_source() {   # prints ik_llama.cpp's folder: a checkout without its model fil
     echo "$src"
 }
 
-build() {   # build NAME SOURCE FLAGS...
-    local name=$1 src=$2
-    shift 2
+build() {   # build NAME SOURCE TARGET FLAGS...
+    local name=$1 src=$2 target=$3
+    shift 3
     local dir=$ANCHORS/$name
-    if [[ -x $dir/bin/llama-bench ]]; then
-        say "$name: built ($dir/bin/llama-bench)"
+    if [[ -x $dir/bin/$target ]]; then
+        say "$name: built ($dir/bin/$target)"
         return
     fi
-    say "$name: building from $src"
+    say "$name: building $target from $src"
     local start=$SECONDS
     cmake -S "$src" -B "$dir/build" "${COMMON[@]}" "$@" >"$dir.cmake.log" 2>&1 ||
         { say "$name: cmake failed, see $dir.cmake.log"; return 1; }
-    cmake --build "$dir/build" --target llama-bench -j "$JOBS" >"$dir.build.log" 2>&1 ||
+    cmake --build "$dir/build" --target "$target" -j "$JOBS" >"$dir.build.log" 2>&1 ||
         { say "$name: build failed, see $dir.build.log"; return 1; }
     mkdir -p "$dir/bin"
-    cp "$dir/build/bin/llama-bench" "$dir/bin/"
+    cp "$dir/build/bin/$target" "$dir/bin/"
     rm -rf "$dir/build"
-    say "$name: $dir/bin/llama-bench ($((SECONDS - start)) s)"
+    say "$name: $dir/bin/$target ($((SECONDS - start)) s)"
 }
 
 main() {
     if [[ ${1:-} == --flags ]]; then flags; return; fi
+    if [[ ${1:-} == --server ]]; then echo "$ANCHORS/server-native/bin/llama-server"; return; fi
+    if [[ ${1:-} == server ]]; then
+        mkdir -p "$ANCHORS"
+        build server-native "$(mainline_source)" llama-server "${NATIVE[@]}" \
+            -DLLAMA_BUILD_SERVER=ON
+        return
+    fi
     local which=${1:-all} isa=${2:-all}
     mkdir -p "$ANCHORS"
     local engines=(mainline ik) isas=(native avx2)
@@ -109,8 +119,8 @@ main() {
         esac
         for kind in "${isas[@]}"; do
             case $kind in
-                native) build "$engine-native" "$src" "${NATIVE[@]}" ;;
-                avx2) build "$engine-avx2" "$src" "${AVX2[@]}" ;;
+                native) build "$engine-native" "$src" llama-bench "${NATIVE[@]}" ;;
+                avx2) build "$engine-avx2" "$src" llama-bench "${AVX2[@]}" ;;
                 *) say "unknown kind '$kind' (native, avx2 or all)"; return 2 ;;
             esac
         done

@@ -89,7 +89,7 @@ class GrammarVocabulary:
     def __init__(self, tokenizer: Tokenizer) -> None:
         llg = _llguidance()
         vocab = tokenizer.vocab
-        control = [i for i, kind in enumerate(vocab.types) if kind in CONTROL_TYPES]
+        control = np.flatnonzero(np.isin(vocab.types, [int(t) for t in CONTROL_TYPES])).tolist()
         ends = sorted(tokenizer.eog_ids) or [tokenizer.eos_id if tokenizer.eos_id is not None
                                              else 0]
         self.n_vocab = tokenizer.n_vocab
@@ -139,8 +139,8 @@ class _LlguidanceTokenizer:
         self.eos_token_id, self.bos_token_id = eos, tokenizer.bos_id
         self.special_token_ids = list(control)
         self._tokenizer = tokenizer
-        self._bytes = {tokenizer.token_to_piece(i)[0]: i for i, kind in enumerate(vocab.types)
-                       if kind == TokenType.BYTE}
+        byte_ids = np.flatnonzero(vocab.types == int(TokenType.BYTE)).tolist()
+        self._bytes = {tokenizer.token_to_piece(i)[0]: i for i in byte_ids}
 
     def __call__(self, text: bytes) -> list[int]:
         """Tokens that spell ``text`` exactly: the tokenizer's, or where they spell something

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
+from polydev.errors import MissingDependencyError
 from polydev.models import Model
 from polydev.models.embedding_engine import EmbeddingEngine
 from polydev.models.engine import BatchEngine, Event, Handle
@@ -24,6 +25,17 @@ __all__ = ["ModelWorker"]
 
 log = logging.getLogger(__name__)
 _IDLE_WAIT = 0.05           # seconds a worker with nothing to do waits for a request
+
+
+def _prepare_grammars(model: Model) -> None:
+    """Build the model's grammar vocabulary (about a second for 262k tokens) before the
+    first constrained request needs it; a request meanwhile waits for it."""
+    try:
+        model.grammar_vocabulary
+    except MissingDependencyError:
+        log.info("constrained output is off: llguidance is not installed")
+    except Exception:
+        log.exception("the grammar vocabulary failed")
 
 
 class ModelWorker:
@@ -150,6 +162,9 @@ class ModelWorker:
         self._ready.set()
         log.info("model loaded: %r, %s", self.model, f"embeddings ({self.pooling} pooling)"
                  if self.embeddings else f"{self.n_slots} slots")
+        if not self.embeddings:
+            threading.Thread(target=_prepare_grammars, args=(self.model,), daemon=True,
+                             name="polydev-grammar-vocabulary").start()
         try:
             while not self._stopping.is_set():
                 while not self._calls.empty():

@@ -66,7 +66,10 @@ _FIM_TEXTS = {
     "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep": ("<|file_sep|>",),
 }
-_SPECIAL_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN)
+_SPECIAL_TYPES = (int(TokenType.CONTROL), int(TokenType.UNKNOWN))
+# plain ints: an IntEnum member looked up per token costs more than the rest of _piece
+_NORMAL, _BYTE, _USER_DEFINED = (int(TokenType.NORMAL), int(TokenType.BYTE),
+                                 int(TokenType.USER_DEFINED))
 _MODELS = ("llama", "gpt2")
 
 
@@ -410,15 +413,15 @@ def _check_unique(tokens: TokenTexts) -> None:
 def _piece(vocab: Vocab, token: int, special: bool) -> bytes:
     """The bytes of one token: its text, unescaped; control tokens only when ``special``.
     Computed per call: a table of every piece held about 14 MiB for a 262k vocabulary."""
-    text, kind = vocab.tokens[token], vocab.types[token]
-    if kind == TokenType.NORMAL:
+    text, kind = vocab.tokens[token], int(vocab.types[token])
+    if kind == _NORMAL:
         return byte_level_decode(text) if vocab.model == "gpt2" else text.replace(
             _SPACE, " ").encode()
-    if kind == TokenType.BYTE:             # "<0xXX>" in SentencePiece vocabularies
+    if kind == _BYTE:                      # "<0xXX>" in SentencePiece vocabularies
         if len(text) == 6 and text.startswith("<0x"):
             return bytes([int(text[3:5], 16)])
         return byte_level_decode(text)
-    if kind == TokenType.USER_DEFINED or (special and kind in _SPECIAL_TYPES):
+    if kind == _USER_DEFINED or (special and kind in _SPECIAL_TYPES):
         return text.encode()
     return b""                            # control tokens unless special; unused, undefined
 
