@@ -63,6 +63,9 @@ class Constraint(Protocol):
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with the tokens refused next at minus infinity."""
 
+    def allows(self, token: int) -> bool:
+        """Whether ``token`` may come next."""
+
     def accept(self, token: int) -> None:
         """Advance past ``token``."""
 
@@ -571,20 +574,15 @@ class BatchEngine:
         if slot.handle.max_tokens == 0:     # the prompt is read and cached, nothing sampled
             self._finish(slot, "length")
             return
-        constraint = slot.handle.constraint
-        if constraint is not None:
-            logits = constraint.mask(logits)
-        token = slot.sampler.sample(logits)
-        if constraint is not None and not np.isfinite(logits[token]):
-            raise InvalidArgumentError("the request's grammar allows no token here")
+        token = self._draw(slot, logits)
         if slot.first_token is None:
             slot.first_token = time.perf_counter() - slot.handle.submitted
         tokenizer = self.model.tokenizer
         if tokenizer.is_eog(token):
             self._finish(slot, "stop")
             return
-        if constraint is not None:
-            constraint.accept(token)
+        if slot.handle.constraint is not None:
+            slot.handle.constraint.accept(token)
         if slot.handle.logprobs is not None:
             slot.unsent_logprobs.append(slot.sampler.logprobs(token, slot.handle.logprobs))
         slot.sampler.accept(token)
@@ -602,6 +600,26 @@ class BatchEngine:
             self._finish(slot, "length")
         else:
             slot.next_token = token
+
+    @staticmethod
+    def _draw(slot: _Slot, logits: np.ndarray) -> int:
+        """The next token from ``logits`` by the slot's sampler, within its grammar. As
+        llama.cpp's sampler: the draw is made first and checked, and only a token the grammar
+        refuses makes it mask the logits and draw again (the same distribution as masking
+        first, without a pass over the vocabulary per token). Log-probabilities are of the
+        masked distribution, so a request that asks for them is masked first."""
+        constraint, sampler = slot.handle.constraint, slot.sampler
+        if constraint is None:
+            return sampler.sample(logits)
+        if slot.handle.logprobs is None:
+            token = sampler.sample(logits)
+            if constraint.allows(token):
+                return token
+        logits = constraint.mask(logits)
+        token = sampler.sample(logits)
+        if not np.isfinite(logits[token]):
+            raise InvalidArgumentError("the request's grammar allows no token here")
+        return token
 
     def _sample_drafted(self, slot: _Slot, rows: np.ndarray) -> None:
         """Walk the rows of a drafted sequence: row i follows the draft's first i tokens.

@@ -6,8 +6,9 @@ llama-server's ``json_schema``), any JSON object (``json_object``), a GBNF gramm
 (llama-server's ``grammar``), a Lark grammar or a regular expression. ``GrammarVocabulary``
 holds a model's tokens as llguidance needs them (built once per model: 0.1-0.6 s for 49k-262k
 tokens) and compiles grammars, refusing a bad one with a ``GrammarError`` that names the fault.
-A ``GrammarMatcher`` follows one sequence: ``mask`` sets the logits of every token the grammar
-refuses to minus infinity, ``accept`` advances it by the sampled token. Once the text is a
+A ``GrammarMatcher`` follows one sequence: ``allows`` checks one token, ``mask`` sets the logits
+of every token the grammar refuses to minus infinity (the engine masks only when a draw was
+refused, as llama.cpp's sampler does), ``accept`` advances it by the sampled token. Once the text is a
 whole match the end-of-generation tokens are allowed (and, where the grammar cannot go on,
 only they), so the text may end there.
 
@@ -162,11 +163,22 @@ class GrammarMatcher:
             raise GrammarError(f"the grammar is not valid: {self._matcher.get_error()}")
         self._n_vocab = vocabulary.n_vocab
         self._bits = np.zeros((1, (vocabulary.n_vocab + 31) // 32), dtype=np.int32)
+        self._filled = False                # the bits are this position's
+
+    def _filled_bits(self) -> np.ndarray:
+        if not self._filled:
+            self._fill(self._matcher, self._bits)
+            self._filled = True
+        return self._bits[0]
+
+    def allows(self, token: int) -> bool:
+        """Whether ``token`` may come next (one bit of the mask: 0.01 ms)."""
+        return 0 <= token < self._n_vocab and bool(
+            (int(self._filled_bits()[token >> 5]) >> (token & 31)) & 1)
 
     def allowed(self) -> np.ndarray:
         """A boolean per token: may it come next?"""
-        self._fill(self._matcher, self._bits)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
+        bits = np.unpackbits(self._filled_bits().view(np.uint8), bitorder="little")
         return bits[:self._n_vocab].astype(bool)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
@@ -176,6 +188,7 @@ class GrammarMatcher:
 
     def accept(self, token: int) -> None:
         """Advance by ``token``; a token the grammar refuses is a ``GrammarError``."""
+        self._filled = False
         if not self._matcher.consume_token(int(token)):
             raise GrammarError(f"the grammar refuses token {token}: "
                                f"{self._matcher.get_error() or 'not allowed here'}")
