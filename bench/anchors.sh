@@ -12,11 +12,10 @@
 #
 # Builds land in $POLYDEV_ANCHORS (default ~/.cache/polydev/anchors): mainline-native,
 # mainline-avx2, ik-native, ik-avx2, each with bin/llama-bench (server-native: bin/llama-server).
-# A build that is there is kept
-# (remove its folder to rebuild). Sources: llama-cpp-python's source distribution, from
-# $LLAMA_CPP_SDIST (a .tar.gz) or .test-data/ or pip download; ik_llama.cpp from $IK_SOURCE (a
-# checkout or a git directory) or a shallow clone of its public repository without its model
-# files. Each build takes about 5-10 minutes on 2 cores.
+# A build that is there is kept (remove its folder to rebuild). Sources: llama-cpp-python's
+# source distribution, from $LLAMA_CPP_SDIST (a .tar.gz) or .test-data/ or pip download;
+# ik_llama.cpp from $IK_SOURCE (a checkout or a git directory) or a shallow clone of its public
+# repository without its model files. Each build takes about 5-10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

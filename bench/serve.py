@@ -55,14 +55,12 @@ SCALE_MODEL = "llama 1B-class Q4_K"
 N_GEN = 128                 # tokens per request, as llama-bench's tg128
 THREADS = physical_cores()  # both servers' CPU threads (polydev serve's default)
 N_QUOTE = 256               # tokens of the speculative task's reply
+# replies that run to max_tokens, as the plain rounds' do: a schema that ended them early would
+# make the JSON rounds' aggregate t/s a measure of their lengths
 SCHEMA = {"type": "object", "properties": {
-    "title": {"type": "string", "maxLength": 60},
-    "year": {"type": "integer", "minimum": 1000, "maximum": 2100},
-    "characters": {"type": "array", "items": {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 30}, "age": {"type": "integer"}},
-        "required": ["name", "age"]}, "maxItems": 8},
-    "summary": {"type": "string"}},
-    "required": ["title", "year", "characters", "summary"]}
+    "title": {"type": "string", "maxLength": 40},
+    "story": {"type": "string", "minLength": 4000}},
+    "required": ["title", "story"], "additionalProperties": False}
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}
 QUOTED = ("The river ran through the valley for a hundred miles before it reached the sea. "
           "Along its banks stood mills and farms, and in spring the water rose over the "

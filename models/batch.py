@@ -13,7 +13,16 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Batch", "UBatch"]
+__all__ = ["Batch", "UBatch", "common_prefix"]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` share at their beginning."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
 
 
 class Batch:

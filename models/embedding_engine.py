@@ -76,7 +76,7 @@ class EmbeddingEngine:
                                            f"[0, {n_vocab})")
         job = EmbeddingJob(inputs, pooling, normalization, on_done)
         with self._wake:
-            if len(self._queue) > self.max_queued:
+            if len(self._queue) >= max(self.max_queued, 1):     # one step takes them all
                 raise QueueFullError(f"{len(self._queue)} requests are waiting already")
             self._queue.append(job)
             self._wake.notify()

@@ -34,7 +34,7 @@ import numpy as np
 
 from polydev.errors import ContextFullError, InvalidArgumentError, PolydevError
 
-from .batch import Batch
+from .batch import Batch, common_prefix
 from .kv_cells import MAX_SEQUENCES
 from .kv_state import load_sequence, save_sequence
 from .sampling import Sampler, SamplingParams, TokenLogprob
@@ -46,6 +46,7 @@ __all__ = ["BatchEngine", "Constraint", "EngineSnapshot", "Event", "Finished", "
            "Piece", "QueueFullError", "SlotBusyError", "SlotState", "TokenLogprob"]
 
 log = logging.getLogger(__name__)
+_MAX_DRAFT_PAUSE = 32      # steps a slot goes without drafts after misses in a row
 _MIN_SHARED_PREFIX = 16     # a shorter common prefix is cheaper to recompute than to share
 
 
@@ -166,6 +167,8 @@ class _Slot:
     draft: list[int] = field(default_factory=list)     # drafted tokens in this step's batch
     drafted: int = 0                                   # for the request: drafted and kept
     accepted: int = 0
+    draft_misses: int = 0          # drafts in a row of which nothing was kept
+    draft_pause: int = 0           # steps left without drafts (after misses: 2, 4, ... 32)
 
 
 class BatchEngine:
@@ -375,7 +378,6 @@ class BatchEngine:
         a request beginning with its tokens reuses them: the tokens restored and the bytes
         read."""
         slot = self._free_slot(seq_id)
-        slot.cached = []
         tokens, n_read = load_sequence(self.model.kv, seq_id, path)
         slot.cached = tokens
         return len(tokens), n_read
@@ -436,19 +438,19 @@ class BatchEngine:
         readers = [s for s in readers if s.handle.prompt[:_MIN_SHARED_PREFIX] == start]
         if not readers or len(start) < _MIN_SHARED_PREFIX:     # the common case, at once
             return False
-        held = max(_common_prefix(s.cached, head) for s in self.slots)
-        return any(_common_prefix(s.handle.prompt, head) >= max(held + 1, _MIN_SHARED_PREFIX)
+        held = max(common_prefix(s.cached, head) for s in self.slots)
+        return any(common_prefix(s.handle.prompt, head) >= max(held + 1, _MIN_SHARED_PREFIX)
                    for s in readers)
 
     def _pick_slot(self, free: list[_Slot], prompt: list[int]) -> _Slot:
         """The free slot whose cache begins as ``prompt`` does for longest; else the one
         unused for longest."""
-        return max(free, key=lambda s: (_common_prefix(s.cached, prompt), -s.last_used))
+        return max(free, key=lambda s: (common_prefix(s.cached, prompt), -s.last_used))
 
     def _start(self, slot: _Slot, handle: Handle) -> None:
         prompt = handle.prompt
-        keep = _common_prefix(slot.cached, prompt[:-1])     # the last token gives logits
-        shared, donor = max(((_common_prefix(s.cached, prompt[:-1]), s.seq_id)
+        keep = common_prefix(slot.cached, prompt[:-1])     # the last token gives logits
+        shared, donor = max(((common_prefix(s.cached, prompt[:-1]), s.seq_id)
                              for s in self.slots if s is not slot), default=(0, None))
         kv = self.model.kv
         if shared >= max(keep + 1, _MIN_SHARED_PREFIX):
@@ -464,7 +466,7 @@ class BatchEngine:
             slot.sampler.accept(t)
         slot.utf8, slot.stop = Utf8Stream(), StopMatcher(handle.stops)
         slot.generated, slot.cached_prompt, slot.first_token = 0, keep, None
-        slot.drafted = slot.accepted = 0
+        slot.drafted = slot.accepted = slot.draft_misses = slot.draft_pause = 0
 
     # --- the batch --------------------------------------------------------------------------
 
@@ -476,8 +478,8 @@ class BatchEngine:
         reading = [s for s in self.slots if s.handle is not None and s.pending]
         room = self._make_room(len(decoding), reading)
         decoding = [s for s in decoding if s.handle is not None]    # some may have ended
-        drafted = self._draft(decoding, min(room, self.model.evaluator.n_batch)
-                              - len(decoding))
+        space = min(room, self.model.evaluator.n_batch) - len(decoding)
+        drafted = self._draft(decoding, space // 2 if reading else space)   # prompts go on
         batch, owners = Batch(), []
         for slot in decoding:
             batch.add(slot.next_token, slot.seq_id, logits=True)
@@ -507,13 +509,20 @@ class BatchEngine:
         if self.drafter is None or not decoding or room <= 0:
             return 0
         n_ctx = self.model.n_ctx
+        for slot in decoding:
+            slot.draft_pause = max(slot.draft_pause - 1, 0)
+        decoding = [s for s in decoding if not s.draft_pause]
         limits = {s.seq_id: min(s.handle.max_tokens - s.generated - 1,
                                 n_ctx - len(s.cached) - 2) for s in decoding}
         histories = {s.seq_id: s.cached + [s.next_token] for s in decoding
                      if limits[s.seq_id] > 0}
         if not histories:
             return 0
-        drafts = self.drafter.draft(histories, limits)
+        try:
+            drafts = self.drafter.draft(histories, limits)
+        except PolydevError as e:       # no drafts this step; the requests go on
+            log.warning("drafting failed: %s", e)
+            return 0
         used = 0
         for slot in decoding:
             draft = drafts.get(slot.seq_id, [])[:max(room - used, 0)]
@@ -604,10 +613,12 @@ class BatchEngine:
     @staticmethod
     def _draw(slot: _Slot, logits: np.ndarray) -> int:
         """The next token from ``logits`` by the slot's sampler, within its grammar. As
-        llama.cpp's sampler: the draw is made first and checked, and only a token the grammar
-        refuses makes it mask the logits and draw again (the same distribution as masking
-        first, without a pass over the vocabulary per token). Log-probabilities are of the
-        masked distribution, so a request that asks for them is masked first."""
+        llama.cpp's sampler does: the draw is made first and checked, and only a token the
+        grammar refuses makes it mask the logits and draw again, which saves a pass over the
+        vocabulary per token. (Greedy, that is the masked argmax; sampled, the truncations
+        see unmasked logits first, and a refused draw takes a second random number.)
+        Log-probabilities are of the masked distribution, so a request that asks for them is
+        masked first."""
         constraint, sampler = slot.handle.constraint, slot.sampler
         if constraint is None:
             return sampler.sample(logits)
@@ -630,18 +641,22 @@ class BatchEngine:
         slot.draft = []
         self.drafted_tokens += len(draft)
         slot.drafted += len(draft)
+        del slot.cached[len(slot.cached) - len(draft):]     # back as each one is kept
         for i, row in enumerate(rows):
             self._sample(slot, row)
             if slot.handle is None or i == len(draft) or slot.next_token != draft[i]:
                 break
             slot.next_token = None          # drafted: its keys and values are cached
+            slot.cached.append(draft[i])
             kept += 1
         self.accepted_tokens += kept
         self.generated_tokens += kept
         slot.accepted += kept
-        rejected = len(draft) - kept
-        if rejected:
-            del slot.cached[len(slot.cached) - rejected:]
+        # a slot whose drafts keep failing (text that does not repeat, a draft model that
+        # guesses badly) drafts less often: every verification that keeps nothing costs a step
+        slot.draft_misses = 0 if kept else slot.draft_misses + 1
+        slot.draft_pause = min(2 ** slot.draft_misses, _MAX_DRAFT_PAUSE) if not kept else 0
+        if kept < len(draft):
             self.model.kv.seq_rm(slot.seq_id, len(slot.cached))
 
     @staticmethod
@@ -671,12 +686,3 @@ def _slot_state(slot: _Slot) -> SlotState:
     handle = slot.handle                   # read once: the model's thread may change it
     return SlotState(slot.seq_id, handle is not None, len(slot.cached),
                      slot.generated if handle is not None else 0)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    differ = np.flatnonzero(x != y)
-    return int(differ[0]) if differ.size else n

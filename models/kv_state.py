@@ -50,6 +50,8 @@ def save_sequence(kv: KVCache, seq_id: int, tokens: Sequence[int], path: Path) -
     """Write sequence ``seq_id`` (whose cells hold ``tokens``, in order) to ``path``; the
     bytes written."""
     cells = _cells_of(kv, seq_id)
+    if not cells.size:
+        raise InvalidArgumentError(f"sequence {seq_id} holds no tokens: nothing to save")
     if cells.size != len(tokens):
         raise InvalidArgumentError(f"sequence {seq_id} holds {cells.size} cells, not the "
                                    f"{len(tokens)} tokens given")
@@ -87,11 +89,16 @@ def load_sequence(kv: KVCache, seq_id: int, path: Path) -> tuple[list[int], int]
                                    f"promises {at + 8 * n + rows}")
     tokens = np.frombuffer(data, "<i4", n, at).tolist()
     positions = np.frombuffer(data, "<i4", n, at + 4 * n).astype(np.int32)
+    if positions.min() < 0 or np.unique(positions).size != n:
+        raise InvalidArgumentError(f"{path} is damaged: its positions repeat or are negative")
+    if not all(0 <= t < kv.hp.n_vocab for t in tokens):
+        raise InvalidArgumentError(f"{path} is damaged: a token is outside the vocabulary")
+    own = int(np.count_nonzero(kv.cells.seqs[:kv.cells.end] == np.uint64(1 << seq_id)))
+    if kv.cells.free + own < n:          # checked before the sequence's cells are given up
+        raise ContextFullError(f"{path} holds {n} tokens; the cache has {kv.cells.free + own} "
+                               "cells for them")
     kv.seq_rm(seq_id)
     cells = kv.cells.find(n)
-    if cells is None:
-        raise ContextFullError(f"{path} holds {n} tokens; the cache has {kv.cells.free} free "
-                               "cells")
     at += 8 * n
     for k, v in zip(kv.k, kv.v):
         for t in (k, v) if v is not None else (k,):

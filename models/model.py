@@ -255,6 +255,7 @@ class Model(Resource):
         ids = [self.tokenize(x, add_special=True, parse_special=True) if isinstance(x, str)
                else [int(t) for t in x] for x in inputs]
         self._engine.release(0)
+        self.reset()                    # every cell is the embeddings' to use
         try:
             return embed(self, ids, pooling or self.pooling, normalization)
         finally:

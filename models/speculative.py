@@ -27,7 +27,7 @@ import numpy as np
 
 from polydev.errors import InvalidArgumentError
 
-from .batch import Batch
+from .batch import Batch, common_prefix
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "SpeculativeSettings"]
 
@@ -69,9 +69,6 @@ class Drafter(Protocol):
     def close(self) -> None:
         """Free what the drafter holds."""
 
-    def forget(self, slot_id: int) -> None:
-        """The slot's sequence starts over (a new request)."""
-
 
 class NgramDrafter:
     """Drafts by looking the sequence's last n-gram up in the sequence itself."""
@@ -81,13 +78,9 @@ class NgramDrafter:
 
     def draft(self, histories: dict[int, list[int]], limits: dict[int, int]
               ) -> dict[int, list[int]]:
-        return {slot: _checked(self._one(history, limits[slot]), self.settings)
-                for slot, history in histories.items()}
+        return {slot: self._one(history, limits[slot]) for slot, history in histories.items()}
 
     def close(self) -> None:
-        pass
-
-    def forget(self, slot_id: int) -> None:
         pass
 
     def _one(self, history: list[int], limit: int) -> list[int]:
@@ -109,13 +102,10 @@ def _latest_earlier(tokens: np.ndarray, n: int) -> int:
     return int(hits[-1]) if hits.size else -1
 
 
-def _checked(draft: list[int], settings: SpeculativeSettings) -> list[int]:
-    return draft if len(draft) >= max(settings.draft_min, 1) else []
-
-
 class ModelDrafter:
     """Drafts with a small model: greedy, while its best token is at least ``p_min`` likely.
-    Its cache holds a sequence per slot (its ids are the slots')."""
+    Its cache holds a sequence per slot (its ids are the slots'), kept in step with the
+    slot's tokens by their common beginning."""
 
     def __init__(self, model, target_vocab: int,
                  settings: SpeculativeSettings | None = None) -> None:
@@ -130,10 +120,6 @@ class ModelDrafter:
     def close(self) -> None:
         """Close the draft model."""
         self.model.close()
-
-    def forget(self, slot_id: int) -> None:
-        self.model.memory.seq_rm(slot_id)
-        self._cached.pop(slot_id, None)
 
     def draft(self, histories: dict[int, list[int]], limits: dict[int, int]
               ) -> dict[int, list[int]]:
@@ -158,25 +144,33 @@ class ModelDrafter:
             for slot, token in zip(order, batch.tokens):
                 self._cached[slot].append(token)
             active = dict(zip(order, logits))
-        return {slot: _checked(d, self.settings) for slot, d in drafts.items()}
+        return drafts
 
     def _catch_up(self, histories: dict[int, list[int]]) -> dict[int, np.ndarray]:
         """Evaluate what each sequence's history has that the draft cache lacks; the logits
-        after each history's last token."""
+        after each history's last token. Idle slots' sequences leave first when the cache
+        has no room; it starts over when it still has none."""
+        memory = self.model.memory
+        needed = sum(map(len, histories.values()))
+        for slot in [s for s in self._cached if s not in histories]:
+            if memory.cells.free >= needed:
+                break
+            memory.seq_rm(slot)
+            del self._cached[slot]
         batch, order = Batch(), []
         for slot, history in histories.items():
-            cached = self._cached.get(slot, [])
-            keep = _common(cached, history[:-1])      # the last token gives the logits
-            self.model.memory.seq_rm(slot, keep)
-            new = history[keep:]
-            batch.add_sequence(new, slot, logits="last")
-            self._cached[slot] = history[:keep] + new
+            keep = common_prefix(self._cached.get(slot, []), history[:-1])  # the last: logits
+            memory.seq_rm(slot, keep)
+            self._cached[slot] = history[:keep]
+            batch.add_sequence(history[keep:], slot, logits="last")
             order.append(slot)
-        if self.model.memory.cells.free < len(batch):
-            for slot in order:
-                self.forget(slot)
+        if memory.cells.free < len(batch):
+            memory.seq_rm(-1)
+            self._cached.clear()
             return {}
         logits = self.model.evaluator.decode(batch)
+        for slot in order:
+            self._cached[slot] = list(histories[slot])
         return dict(zip(order, logits))
 
 
@@ -185,9 +179,3 @@ def _best(row: np.ndarray) -> tuple[int, float]:
     x = row.astype(np.float64)
     p = 1.0 / float(np.exp(x - x[token]).sum())
     return token, p
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if differ.size else n

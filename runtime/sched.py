@@ -302,6 +302,8 @@ class Scheduler(Resource):
     def _placed(self, graph: Graph) -> _Step:
         """``graph``'s placement: kept from an earlier allocation of the same graph object
         (no node or leaf added since), else planned."""
+        if self.n_copies > 1:       # a step's twins read the copy slot it was built for
+            return self._plan(graph)
         size = (graph.n_nodes, graph.n_leafs)
         kept = self._kept.get(id(graph))
         if kept is not None and kept[0] is graph and kept[1] == size:

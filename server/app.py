@@ -184,6 +184,11 @@ async def _on_model_thread(worker: ModelWorker, function: Callable[[], Any]) -> 
                            code="slot_busy") from None
     except PolydevError as e:
         raise RequestError(str(e)) from None
+    except OSError as e:                # the server's folder: full, gone, not writable
+        raise RequestError(f"the slot file could not be written: {e.strerror or e}",
+                           status=500, type="server_error") from None
+    except RuntimeError as e:
+        raise RequestError(str(e), status=503, type="unavailable_error") from None
 
 
 def _ms_since(start: float) -> float:

@@ -27,6 +27,16 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT = 0.05           # seconds a worker with nothing to do waits for a request
 
 
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """Give ``future`` its result or error (on its loop; a cancelled one stays so)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 def _prepare_grammars(model: Model) -> None:
     """Build the model's grammar vocabulary (about a second for 262k tokens) before the
     first constrained request needs it; a request meanwhile waits for it."""
@@ -85,8 +95,9 @@ class ModelWorker:
 
     @property
     def pooling(self) -> str:
-        """How embeddings are pooled: ``--pooling``, else the model file's, else "mean"."""
-        return self._pooling or self.model.pooling
+        """How embeddings are pooled: ``--pooling``, else the model file's, else "mean"
+        (resolved when the model loads)."""
+        return self._pooling
 
     def embed(self, inputs: Sequence[Sequence[int]], loop: asyncio.AbstractEventLoop,
               normalization: int, pooling: str | None = None) -> asyncio.Future:
@@ -94,14 +105,8 @@ class ModelWorker:
         future = loop.create_future()
 
         def on_done(result) -> None:
-            def settle() -> None:
-                if future.done():
-                    return
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-            loop.call_soon_threadsafe(settle)
+            error = result if isinstance(result, Exception) else None
+            loop.call_soon_threadsafe(_settle, future, result, error)
         job = self.engine.submit(inputs, on_done, pooling=pooling or self.pooling,
                                  normalization=normalization)
         future.add_done_callback(lambda f: job.cancel() if f.cancelled() else None)
@@ -112,21 +117,16 @@ class ModelWorker:
         """Run ``function`` on the model's thread between two steps (what must not race the
         engine: a slot's cache saved or restored); the future gets its result or error."""
         future = loop.create_future()
+        if self.state != "ready" or not self._thread.is_alive() or self._stopping.is_set():
+            future.set_exception(RuntimeError("the model's thread is not running"))
+            return future
 
         def run() -> None:
             try:
                 result, error = function(), None
             except Exception as e:          # the caller's to answer
                 result, error = None, e
-
-            def settle() -> None:
-                if future.done():
-                    return
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(result)
-            loop.call_soon_threadsafe(settle)
+            loop.call_soon_threadsafe(_settle, future, result, error)
         self._calls.put(run)
         self.engine.wake()
         return future
@@ -148,6 +148,8 @@ class ModelWorker:
     def _main(self) -> None:
         try:
             self.model = self._load()
+            if self.embeddings:
+                self._pooling = self._pooling or self.model.pooling
             if self._make_drafter is not None:
                 self.drafter = self._make_drafter(self.model)
             self.engine = (EmbeddingEngine(self.model, self.max_queued) if self.embeddings

@@ -634,6 +634,15 @@ def test_a_saved_slot_restores_into_the_same_model_only(engine_model, tmp_path):
             engine.save_slot(1, tmp_path / "busy.bin")
         engine.run_until_done()
     assert tokens == generate_alone(engine_model, held + [7], 3)
+    (tmp_path / "bad.bin").write_bytes((tmp_path / "s.bin").read_bytes()[:-4])
+    with load(engine_model, devices=[], n_ctx=256, progress=False) as m:
+        engine = BatchEngine(m, n_slots=2)
+        with pytest.raises(InvalidArgumentError, match="holds no tokens"):
+            engine.save_slot(0, tmp_path / "empty.bin")
+        engine.restore_slot(0, tmp_path / "s.bin")
+        with pytest.raises(InvalidArgumentError, match="damaged"):
+            engine.restore_slot(0, tmp_path / "bad.bin")
+        assert engine.cached(0) == held and m.memory.cells.used == len(held)   # kept
     other = write_test_model(tmp_path / "wide.gguf", n_layer=2, n_embd=128, weight_type="F16")
     with load(other, devices=[], n_ctx=256, progress=False) as m:
         with pytest.raises(InvalidArgumentError, match="another model or cache"):

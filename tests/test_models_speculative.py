@@ -103,3 +103,15 @@ def test_settings_and_vocabularies_are_checked(files, tmp_path):
           load(other, devices=[], n_ctx=N_CTX, progress=False) as d):
         with pytest.raises(InvalidArgumentError, match="must be the same"):
             ModelDrafter(d, m.hparams.n_vocab)
+
+
+def test_drafts_near_the_end_of_the_context_change_nothing(files):
+    """A prompt that leaves a few cells: drafts are cut to the room, and the request ends
+    where it ends without them."""
+    target, _ = files
+    with load(target, devices=[], n_ctx=N_CTX, progress=False) as m:
+        prompt = (repetitive(5) * 12)[:m.n_ctx - 9]
+        plain, _ = run(m, [prompt], PARAMS[0], max_tokens=50)
+        ngram, engine = run(m, [prompt], PARAMS[0],
+                            NgramDrafter(SpeculativeSettings(draft_max=16)), max_tokens=50)
+    assert ngram == plain and len(plain[0]) < 12      # ended by the context, both

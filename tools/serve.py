@@ -79,6 +79,9 @@ def _drafter(args: argparse.Namespace):
     kind = args.spec_type or ("draft" if args.model_draft else None)
     if kind is None:
         return None
+    if kind == "ngram" and args.model_draft:
+        raise InvalidArgumentError("-md is the draft model of --spec-type draft; n-grams "
+                                   "need none")
     if args.embeddings:
         raise InvalidArgumentError("speculative decoding is for generation, not --embeddings")
     from polydev.models import load
