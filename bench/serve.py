@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from functools import partial
+from typing import Iterator
 
 from polydev.numerics import NUMERICS
 from polydev.probes import physical_cores
@@ -131,6 +132,22 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
+def sse_events(port: int, path: str, body: str) -> Iterator[dict]:
+    """The data of each server-sent event a streamed POST of ``body`` to ``path`` answers
+    with, until ``[DONE]``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_SECONDS)
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+        for line in r:
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                yield json.loads(line[6:])
+    finally:
+        conn.close()
+
+
 def stream_one(port: int, prompt: str, max_tokens: int, seed: int,
                extra: dict | None = None) -> tuple[float, int]:
     """(seconds to the first token, completion tokens) of one streamed completion;
@@ -138,25 +155,14 @@ def stream_one(port: int, prompt: str, max_tokens: int, seed: int,
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.8,
                        "seed": seed, "stream": True, "stream_options": {"include_usage": True},
                        **(extra or {})})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_SECONDS)
     start, first, chunks, usage = time.perf_counter(), None, 0, None
-    try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-        for line in r:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if data.get("usage"):
-                usage = data["usage"]["completion_tokens"]
-            if data.get("choices") and data["choices"][0].get("text"):
-                chunks += 1
-                if first is None:
-                    first = time.perf_counter() - start
-    finally:
-        conn.close()
+    for data in sse_events(port, "/v1/completions", body):
+        if data.get("usage"):
+            usage = data["usage"]["completion_tokens"]
+        if data.get("choices") and data["choices"][0].get("text"):
+            chunks += 1
+            if first is None:
+                first = time.perf_counter() - start
     return (first if first is not None else time.perf_counter() - start,
             usage if usage is not None else chunks)
 
@@ -198,24 +204,13 @@ def quote_round(port: int, max_tokens: int) -> dict:
                                      f"word for word:\n\n{QUOTED}"}],
                        "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_SECONDS)
     start, first, tokens = time.perf_counter(), None, 0
-    try:
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-        for line in r:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if data.get("usage"):
-                tokens = data["usage"]["completion_tokens"]
-            elif first is None and data.get("choices") and data["choices"][0]["delta"].get(
-                    "content"):
-                first = time.perf_counter()
-    finally:
-        conn.close()
+    for data in sse_events(port, "/v1/chat/completions", body):
+        if data.get("usage"):
+            tokens = data["usage"]["completion_tokens"]
+        elif first is None and data.get("choices") and data["choices"][0]["delta"].get(
+                "content"):
+            first = time.perf_counter()
     end = time.perf_counter()
     return {"tps": (tokens - 1) / (end - first) if first and tokens > 1 else 0.0,
             "tokens": tokens, "seconds": end - start}

@@ -11,7 +11,6 @@ the generation engine's face to the server's worker: ``step``, ``wait_for_work``
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -22,6 +21,7 @@ from polydev.errors import ContextFullError, InvalidArgumentError
 
 from .embeddings import POOLING, embed
 from .engine import EngineSnapshot, QueueFullError
+from .waiting import Waiting
 
 __all__ = ["EmbeddingEngine", "EmbeddingJob"]
 
@@ -44,15 +44,13 @@ class EmbeddingJob:
         self.cancelled = True
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(Waiting[EmbeddingJob]):
     """Embedding requests over ``model``'s cache (see the module doc)."""
 
     def __init__(self, model, max_queued: int = 64) -> None:
         self.model, self.max_queued = model, max_queued
         model.reset()
-        self._queue: deque[EmbeddingJob] = deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        super().__init__()
         self._busy = False
         self.prompt_tokens = 0
 
@@ -83,10 +81,6 @@ class EmbeddingEngine:
         return job
 
     @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    @property
     def processing(self) -> int:
         return int(self._busy)
 
@@ -95,15 +89,6 @@ class EmbeddingEngine:
         cells = self.model.memory.cells
         return EngineSnapshot((), len(self._queue), int(self._busy), self.prompt_tokens, 0,
                               cells.used, cells.size)
-
-    def wait_for_work(self, timeout: float) -> None:
-        with self._wake:
-            if not self._queue:
-                self._wake.wait(timeout)
-
-    def wake(self) -> None:
-        with self._wake:
-            self._wake.notify_all()
 
     def step(self) -> bool:
         """Embed every waiting request; False when none waited."""

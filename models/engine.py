@@ -24,7 +24,6 @@ read of the engine's state (``/slots``, ``/metrics``).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from .sampling import Sampler, SamplingParams, TokenLogprob
 from .speculative import Drafter
 from .stop_strings import StopMatcher
 from .streaming import Utf8Stream
+from .waiting import Waiting
 
 __all__ = ["BatchEngine", "Constraint", "EngineSnapshot", "Event", "Finished", "Handle",
            "Piece", "QueueFullError", "SlotBusyError", "SlotState", "TokenLogprob"]
@@ -171,7 +171,7 @@ class _Slot:
     draft_pause: int = 0           # steps left without drafts (after misses: 2, 4, ... 32)
 
 
-class BatchEngine:
+class BatchEngine(Waiting[Handle]):
     """Requests over the ``n_slots`` sequences of ``model``'s cache (see the module doc)."""
 
     def __init__(self, model, n_slots: int = 4, max_queued: int = 64,
@@ -184,9 +184,7 @@ class BatchEngine:
         model.reset()                   # the engine owns every sequence of the cache
         self.slots = [_Slot(seq_id) for seq_id in range(n_slots)]
         self.max_queued = max_queued
-        self._queue: deque[Handle] = deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        super().__init__()
         self._steps = 0
         self.generated_tokens = 0
         self.prompt_tokens = 0
@@ -232,10 +230,6 @@ class BatchEngine:
         return handle
 
     @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    @property
     def processing(self) -> int:
         return sum(s.handle is not None for s in self.slots)
 
@@ -246,17 +240,6 @@ class BatchEngine:
         return EngineSnapshot(slots, len(self._queue), sum(s.processing for s in slots),
                               self.prompt_tokens, self.generated_tokens, cells.used, cells.size,
                               self.drafted_tokens, self.accepted_tokens)
-
-    def wait_for_work(self, timeout: float) -> None:
-        """Block until a request is queued (or ``timeout`` seconds pass)."""
-        with self._wake:
-            if not self._queue:
-                self._wake.wait(timeout)
-
-    def wake(self) -> None:
-        """End a ``wait_for_work`` early (to stop the thread that runs the engine)."""
-        with self._wake:
-            self._wake.notify_all()
 
     # --- the model's thread ---------------------------------------------------------------
 
