@@ -32,6 +32,7 @@ from polydev.errors import (ContextFullError, InvalidArgumentError, MissingDepen
 from polydev.models import SamplingParams
 from polydev.models.engine import Finished, Piece, QueueFullError, SlotBusyError
 from polydev.models.kv_state import checked_name
+from polydev.models.reasoning import opens_thinking, thinks
 from polydev.models.grammar import CONTROL_TYPES, Grammar, GrammarError
 from polydev.models.tool_calls import call_grammar
 
@@ -274,7 +275,7 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
     param = "messages" if chat else "prompt"
     queue: asyncio.Queue = asyncio.Queue()
     try:
-        ids, constraints = await run_in_threadpool(_prepare, model, gen)
+        ids, constraints, thinking = await run_in_threadpool(_prepare, model, gen)
         handles = _submit_choices(worker, gen, ids, constraints, queue)
     except QueueFullError as e:
         raise RequestError(f"the server is busy: {e}", status=503, type="unavailable_error",
@@ -290,7 +291,7 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
     reply = Reply(model_name, chat)
     functions = gen.tools.functions if gen.tools is not None else None
     texts = [ChoiceText(i, chat, chat and model.speaks_harmony, functions,
-                        lambda t: model.tokenizer.token_to_piece(t, special=True))
+                        lambda t: model.tokenizer.token_to_piece(t, special=True), thinking)
              for i in range(gen.n)]
     if gen.stream:
         return StreamingResponse(_stream(reply, texts, queue, handles, gen.include_usage),
@@ -317,12 +318,15 @@ def _submit_choices(worker: ModelWorker, gen: Generation, ids: list[int], constr
     return handles
 
 
-def _prepare(model, gen: Generation) -> tuple[list[int], list]:
-    """The prompt's token ids, and a grammar matcher per choice (None: unconstrained)."""
-    tools = gen.tools
+def _prepare(model, gen: Generation) -> tuple[list[int], list, str | None]:
+    """The prompt's token ids, a grammar matcher per choice (None: unconstrained), and how
+    the reply's ``<think>`` reasoning begins ("open", "closed"; None: the model has none)."""
+    tools, thinking = gen.tools, None
     if gen.messages is not None:
         text = model.chat_prompt(gen.messages, tools.functions if tools else None)
         ids = model.tokenize(text, add_special=False, parse_special=True)
+        if thinks(model.chat_template):
+            thinking = "open" if opens_thinking(text) else "closed"
     elif isinstance(gen.prompt, list):
         ids = gen.prompt
     else:
@@ -334,10 +338,10 @@ def _prepare(model, gen: Generation) -> tuple[list[int], list]:
                                                model.chat_template,
                                                lambda text: _control_id(vocab, text)))
     if grammar is None:
-        return ids, [None] * gen.n
+        return ids, [None] * gen.n, thinking
     vocabulary = model.grammar_vocabulary
     compiled = vocabulary.compile(grammar)
-    return ids, [vocabulary.matcher(compiled) for _ in range(gen.n)]
+    return ids, [vocabulary.matcher(compiled) for _ in range(gen.n)], thinking
 
 
 def _control_id(vocab, text: str) -> int | None:

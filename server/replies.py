@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 from polydev.models.engine import Finished, Piece
 from polydev.models.harmony import ChannelSplitter
+from polydev.models.reasoning import ThinkSplitter
 from polydev.models.sampling import TokenLogprob
 from polydev.models.tool_calls import ToolCall, ToolCallStream, new_call_id
 
@@ -29,9 +30,13 @@ class ChoiceText:
 
     def __init__(self, index: int, chat: bool, harmony: bool,
                  functions: Sequence[dict[str, Any]] | None,
-                 token_text: Callable[[int], bytes]) -> None:
+                 token_text: Callable[[int], bytes], thinking: str | None = None) -> None:
+        """``thinking``: the model writes ``<think>`` reasoning ("open": its prompt opened
+        it already, "closed": a reply may open it; None: it does not)."""
         self.index, self.chat = index, chat
         self.splitter = ChannelSplitter() if chat and harmony else None
+        self.thinker = (ThinkSplitter(thinking == "open")
+                        if chat and thinking and not harmony else None)
         self.tools = (ToolCallStream(functions) if chat and functions and not harmony
                       else None)
         self.calls: list[ToolCall] = []
@@ -51,6 +56,17 @@ class ChoiceText:
                 self._end_harmony_call()
                 deltas += self._call_deltas()
             return deltas
+        if self.thinker is None:
+            return self._content(text)
+        parts = self.thinker.feed(text) if text is not None else self.thinker.finish()
+        deltas: list[Any] = []
+        for kind, part in parts:
+            deltas += ([{"reasoning_content": part}] if kind == "reasoning"
+                       else self._content(part))
+        return deltas + (self._content(None) if text is None else [])
+
+    def _content(self, text: str | None) -> list[Any]:
+        """The deltas of the answer's text (None: it ended), tool calls held back."""
         if self.tools is not None:
             if text is not None:
                 shown = self.tools.feed(text)
