@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from .streaming import MarkupSplitter, marker_tail
+
 __all__ = ["ChannelSplitter", "is_harmony"]
 
 _CHANNEL, _MESSAGE, _END, _START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
@@ -30,21 +32,14 @@ def is_harmony(chat_template: str | None, token_texts) -> bool:
         token_texts.id_of(t) is not None for t in (_CHANNEL, _MESSAGE))
 
 
-class ChannelSplitter:
+class ChannelSplitter(MarkupSplitter):
     """The streaming parser (see the module docstring). ``feed`` returns the parts a piece
     completes; ``finish`` the rest once generation ends."""
 
     def __init__(self) -> None:
-        self._buffer = ""
+        super().__init__()
         self._channel: str | None = None     # None: reading a message's header
         self._recipient: str | None = None   # the function a message calls
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        self._buffer += text
-        parts: list[tuple[str, str]] = []
-        while self._step(parts):
-            pass
-        return parts
 
     def finish(self) -> list[tuple[str, str]]:
         """What is left: an unfinished header is shown as it is (the model did not follow the
@@ -62,7 +57,7 @@ class ChannelSplitter:
             return self._header(parts)
         cut = min((i for i in (self._buffer.find(c) for c in _CLOSERS) if i >= 0), default=-1)
         if cut < 0:
-            keep = _partial_marker(self._buffer)
+            keep = marker_tail(self._buffer, _CLOSERS)
             self._emit(parts, self._buffer[:len(self._buffer) - keep])
             self._buffer = self._buffer[len(self._buffer) - keep:]
             return False
@@ -100,11 +95,3 @@ class ChannelSplitter:
     def _emit(self, parts: list[tuple[str, str]], text: str) -> None:
         if text:
             parts.append((self._kind(), text))
-
-
-def _partial_marker(text: str) -> int:
-    """How many characters at the end of ``text`` may begin a closing marker."""
-    for n in range(min(len(text), max(len(c) for c in _CLOSERS) - 1), 0, -1):
-        if any(c.startswith(text[-n:]) for c in _CLOSERS):
-            return n
-    return 0

@@ -11,6 +11,8 @@ cut between pieces is held back until it is whole.
 
 from __future__ import annotations
 
+from .streaming import MarkupSplitter, marker_tail
+
 __all__ = ["ThinkSplitter", "opens_thinking", "thinks"]
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -26,20 +28,13 @@ def opens_thinking(prompt: str) -> bool:
     return prompt.rstrip().endswith(OPEN)
 
 
-class ThinkSplitter:
+class ThinkSplitter(MarkupSplitter):
     """The streaming splitter (see the module doc): ``feed`` returns the ("reasoning", text)
     and ("content", text) parts a piece completes, ``finish`` the rest."""
 
     def __init__(self, opened: bool = False) -> None:
+        super().__init__()
         self._state = "reasoning" if opened else "start"
-        self._buffer = ""
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        self._buffer += text
-        parts: list[tuple[str, str]] = []
-        while self._step(parts):
-            pass
-        return parts
 
     def finish(self) -> list[tuple[str, str]]:
         """What is held: an unclosed reasoning stays reasoning, anything else is content."""
@@ -63,7 +58,7 @@ class ThinkSplitter:
         if self._state == "reasoning":
             cut = self._buffer.find(CLOSE)
             if cut < 0:
-                keep = _partial(self._buffer, CLOSE)
+                keep = marker_tail(self._buffer, (CLOSE,))
                 self._emit(parts, "reasoning", self._buffer[:len(self._buffer) - keep])
                 self._buffer = self._buffer[len(self._buffer) - keep:]
                 return False
@@ -85,11 +80,3 @@ class ThinkSplitter:
     def _emit(parts: list[tuple[str, str]], kind: str, text: str) -> None:
         if text:
             parts.append((kind, text))
-
-
-def _partial(text: str, marker: str) -> int:
-    """How many characters at the end of ``text`` may begin ``marker``."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0

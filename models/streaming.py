@@ -1,9 +1,13 @@
 """Text from token pieces as they come: bytes of a UTF-8 character split across tokens are
-held back until the character is whole (llama.cpp's server does the same)."""
+held back until the character is whole (llama.cpp's server does the same); and what the
+streaming parsers of a reply's markup share (``MarkupSplitter``, ``marker_tail``: harmony's
+channels, ``<think>`` reasoning, tool calls)."""
 
 from __future__ import annotations
 
-__all__ = ["Utf8Stream"]
+from typing import Sequence
+
+__all__ = ["MarkupSplitter", "Utf8Stream", "marker_tail"]
 
 
 def _incomplete_tail(data: bytes) -> int:
@@ -34,3 +38,31 @@ class Utf8Stream:
         """Whatever is left (an unfinished character becomes U+FFFD)."""
         data, self._pending = self._pending, b""
         return data.decode("utf-8", errors="replace")
+
+
+def marker_tail(text: str, markers: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` may begin one of ``markers``: held back
+    until the next piece says whether they do."""
+    for n in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
+        if any(m.startswith(text[-n:]) for m in markers):
+            return n
+    return 0
+
+
+class MarkupSplitter:
+    """A streaming parser of a reply's markup: ``feed`` adds a piece and returns the (kind,
+    text) parts it completes; a subclass's ``_step`` consumes what can be decided from the
+    text held, returning False when more is needed."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        self._buffer += text
+        parts: list[tuple[str, str]] = []
+        while self._step(parts):
+            pass
+        return parts
+
+    def _step(self, parts: list[tuple[str, str]]) -> bool:
+        raise NotImplementedError

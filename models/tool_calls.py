@@ -30,6 +30,8 @@ import string
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from .streaming import marker_tail
+
 __all__ = ["ToolCall", "ToolCallStream", "call_grammar", "new_call_id", "parse_tool_calls",
            "tools_prompt", "template_writes_tools", "without_tool_roles"]
 
@@ -249,10 +251,7 @@ class ToolCallStream:
         start = _first_marker(text)
         if start >= 0:
             return start
-        for n in range(min(len(text), max(map(len, MARKERS)) - 1), 0, -1):
-            if any(m.startswith(text[-n:]) for m in MARKERS):
-                return len(text) - n        # a marker may be beginning
-        return len(text)
+        return len(text) - marker_tail(text, MARKERS)     # a marker may be beginning
 
 
 def template_writes_tools(template: str) -> bool:
