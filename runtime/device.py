@@ -474,9 +474,12 @@ class Backend(Resource):
         return contextlib.nullcontext()
 
     def _graph_plan_create(self, graph: "Graph") -> GraphPlan:
+        return GraphPlan(self, graph, self._bind_graph(graph))
+
+    def _bind_graph(self, graph: "Graph") -> list[BoundCall]:
+        """Each computing node's bound call, in order."""
         with self._compute_scope():
-            calls = [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
-        return GraphPlan(self, graph, calls)
+            return [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
 
     def _graph_plan_compute(self, plan: GraphPlan) -> None:
         with self._compute_scope():

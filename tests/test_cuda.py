@@ -352,3 +352,29 @@ def test_compare_passes_on_cuda(capsys, dev):
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert f"Backend {dev.name}: OK" in out
+
+
+@pytest.mark.parametrize("n_expert", [0, 4], ids=["dense", "experts"])
+@_marks
+def test_decode_steps_as_cuda_graphs_equal_the_steps_call_by_call(tmp_path, monkeypatch,
+                                                                   n_expert):
+    """The same prompt and decode steps with graphs (captured at the second step of a shape)
+    and without: the same kernels on the same memory, so the same logits to the bit."""
+    from model_files import write_test_model
+    from polydev.backends.cuda.graphs import GRAPHS_ENV, CapturedPlan
+    from polydev.models import load
+
+    path = write_test_model(tmp_path / "m.gguf", n_layer=2, n_expert=n_expert)
+    tokens = np.random.default_rng(0).integers(0, 320, 24).tolist()
+
+    def decode(graphs: str) -> tuple[np.ndarray, int]:
+        monkeypatch.setenv(GRAPHS_ENV, graphs)
+        with load(path, devices=["CUDA0"], n_gpu_layers=-1, n_ctx=64, progress=False) as m:
+            rows = [m.evaluator.eval(tokens[:8])]
+            rows += [m.evaluator.eval([t]) for t in tokens[8:]]
+            plans = [p for p in m.evaluator.sched._step_plans if isinstance(p, CapturedPlan)]
+            return np.stack(rows), sum(p.cuda_graph is not None for p in plans)
+    want, captured_off = decode("0")
+    got, captured_on = decode("1")
+    assert captured_off == 0 and captured_on >= 1
+    np.testing.assert_array_equal(got, want)

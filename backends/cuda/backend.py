@@ -13,15 +13,18 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
-from polydev.device import Backend, Event
+from polydev.device import Backend, Event, GraphPlan
 from polydev.inflight import KernelErrorFlags
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 from polydev.tensor import Tensor
 
 from .buffer import CUDABuffer
 from .env import CupyEnv
+from .graphs import CapturedPlan, GraphCapture, graphs_enabled, one_token_step
 
 if TYPE_CHECKING:
+    from polydev.graph import Graph
+
     from .device import CUDADevice
 
 
@@ -55,6 +58,7 @@ class CUDABackend(Backend):
                 # index out of range
                 self._error_flags = cupy.zeros(KernelErrorFlags.N_SLOTS, dtype=np.int32)
         self.kernel_errors = KernelErrorFlags(self.name)
+        self.graphs = GraphCapture(cupy, self.stream, self.kernel_errors)
         self.env = CupyEnv(self, cupy)
         self.numerics = DEFAULT_NUMERICS
 
@@ -72,6 +76,22 @@ class CUDABackend(Backend):
 
     def _compute_scope(self) -> ContextManager:
         return self.on_stream()       # binding may upload small tables: on this stream too
+
+    # --- plans: CUDA graphs for steps of one token (graphs.py) --------------------------------
+
+    def _graph_plan_create(self, graph: "Graph") -> GraphPlan:
+        return CapturedPlan(self, graph, self._bind_graph(graph),
+                            capturable=graphs_enabled() and one_token_step(graph))
+
+    def _graph_plan_compute(self, plan: CapturedPlan) -> None:
+        with self.on_stream():
+            self.graphs.compute(plan)
+
+    def _graph_plan_free(self, plan: CapturedPlan) -> None:
+        if plan.cuda_graph is not None:
+            self.stream.synchronize()  # a launch in flight still writes the graph's memory
+        plan.release()
+        plan.calls = []
 
     # --- Launcher (binders.py) ------------------------------------------------------------------
 
