@@ -8,12 +8,15 @@ ones a GPU runs. CuPy, streams and the hardware itself are the ``cuda``-marked t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, ops
 from polydev.backends.cpu import CPUBackend, CPUDevice
+from polydev.backends.cuda import binders
 from polydev.backends.cuda.binders import ROW_TYPE_NAMES, dequantize_args
 from polydev.backends.cuda.kernels import find_own_kernel
 from polydev.backends.cuda.programs import kernel_source
@@ -218,11 +221,35 @@ def _attention(backend, kv_type: GGMLType, dims: tuple[int, int], options: dict,
                                      {"max_bias": 8.0, "sinks": True}],
                          ids=["plain", "sinks", "softcap", "alibi-sinks"])
 def test_flash_attention_vec_matches_cpu(emu, cpu, kv_type, options):
+    """The cells split among blocks and merged (24 blocks of rows and heads: 6 splits)."""
+    assert binders.flash_attn_splits(SimpleNamespace(ne=(64, 3, 4, 2)), 200) == 6
     seed = int(kv_type) + len(str(options))
     expected = _attention(cpu, kv_type, (64, 64), options, np.random.default_rng(seed))
     got = _attention(emu, kv_type, (64, 64), options, np.random.default_rng(seed))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     assert not got[1, 2].any()                         # the row that sees nothing: zeros
+
+
+@pytest.mark.parametrize("kv_type", [GGMLType.F16, GGMLType.F32], ids=["f16", "f32"])
+@pytest.mark.parametrize("options", [{}, {"max_bias": 8.0, "sinks": True}],
+                         ids=["plain", "alibi-sinks"])
+def test_flash_attention_vec_unsplit_matches_cpu(emu, cpu, kv_type, options, monkeypatch):
+    """Rows and heads enough to fill the GPU: one block per row and head, no merge."""
+    monkeypatch.setattr(binders, "FLASH_ATTN_TARGET_BLOCKS", 1)
+    seed = int(kv_type) + len(str(options))
+    expected = _attention(cpu, kv_type, (64, 64), options, np.random.default_rng(seed))
+    got = _attention(emu, kv_type, (64, 64), options, np.random.default_rng(seed))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert not got[1, 2].any()
+
+
+def test_flash_attention_splits_fill_the_gpu_and_keep_tiles_whole():
+    one_token = SimpleNamespace(ne=(128, 1, 32, 1))
+    assert binders.flash_attn_splits(one_token, 256) == 8            # 256 blocks
+    assert binders.flash_attn_splits(one_token, 4096) == 8
+    assert binders.flash_attn_splits(one_token, 40) == 1             # too few cells
+    assert binders.flash_attn_splits(SimpleNamespace(ne=(128, 1, 2, 1)), 1 << 16) == 64
+    assert binders.flash_attn_splits(SimpleNamespace(ne=(128, 16, 32, 1)), 4096) == 1
 
 
 def test_flash_attention_vec_wide_heads(emu, cpu):

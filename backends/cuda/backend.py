@@ -9,7 +9,7 @@ destination's stream waits for an event recorded after it.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
@@ -121,6 +121,11 @@ class CUDABackend(Backend):
             fn(grid, block, args, stream=stream)
             errors.launched()           # its flag is read when the backend synchronizes
         return call
+
+    def scratch(self, nbytes: int) -> tuple[int, Any]:
+        with self.cupy.cuda.Device(self.device.index):
+            memory = self.cupy.cuda.alloc(nbytes)      # CuPy's pool: freed with the call
+        return memory.ptr, memory
 
     # --- data movement --------------------------------------------------------------------------
 

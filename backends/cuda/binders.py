@@ -40,6 +40,12 @@ MUL_MAT_ID_VEC_MAX_TOKENS = 16   # above this, MUL_MAT_ID groups tokens by exper
 FLASH_ATTN_VEC_MAX_ROWS = 32
 FLASH_ATTN_VEC_THREADS = 128      # attention.cu's FA_THREADS
 FLASH_ATTN_VEC_MAX_D = 1024       # attention.cu's FA_MAX_D
+# Splits of the KV cells among blocks (attention.cu's flash decoding): enough blocks for an
+# H100's or H200's 132 multiprocessors about twice over, each split at least a few tiles' worth
+# of cells so that the merge stays a small part of the work.
+FLASH_ATTN_TARGET_BLOCKS = 256
+FLASH_ATTN_MIN_SPLIT_CELLS = 32
+FLASH_ATTN_MAX_SPLITS = 64        # attention.cu's FA_MAX_SPLITS
 SET_ROWS_KINDS = {F32: 0, F16: 1, BF16: 2}
 NORM_KINDS = {Op.NORM: 0, Op.RMS_NORM: 1, Op.L2_NORM: 2}
 
@@ -56,6 +62,10 @@ class Launcher(Protocol):
     def launch(self, name: str, grid: Sequence[int], block: Sequence[int], args: list,
                checks_indices: bool = False) -> Callable[[], None]:
         """The call that launches kernel ``name`` with ``args`` (bound once)."""
+
+    def scratch(self, nbytes: int) -> tuple[int, Any]:
+        """Memory of ``nbytes`` that kernels of one bound call share: its address, and what
+        keeps it (the call holds it for as long as it lives)."""
 
 
 def tensor_args(launcher: Launcher, t: Tensor | None) -> list:
@@ -199,19 +209,46 @@ def bind_set_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
                            checks_indices=True)
 
 
+def flash_attn_splits(q: Tensor, n_kv: int) -> int:
+    """How many blocks share each (row, head, sequence)'s cells: one where the rows and heads
+    fill the GPU by themselves, else enough splits for FLASH_ATTN_TARGET_BLOCKS blocks."""
+    blocks = q.ne[1] * q.ne[2] * q.ne[3]
+    wanted = math.ceil(FLASH_ATTN_TARGET_BLOCKS / blocks)
+    return max(1, min(wanted, n_kv // FLASH_ATTN_MIN_SPLIT_CELLS, FLASH_ATTN_MAX_SPLITS))
+
+
 def bind_flash_attn_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     q, k, v, mask, sinks = FlashAttnSources.of(node)
     params = FlashAttnParams.of(node)
     scale, max_bias, softcap = params.kernel_scale, params.max_bias, params.softcap
     m0, m1, n_head_log2 = alibi_params(q.ne[2], max_bias)
+    n_splits = flash_attn_splits(q, k.ne[1])
+    partial, kept = np.uint64(0), None
+    if n_splits > 1:       # each split's max, sum and unnormalized output
+        n_blocks = n_splits * q.ne[1] * q.ne[2] * q.ne[3]
+        address, kept = launcher.scratch(4 * n_blocks * (v.ne[0] + 2))
+        partial = np.uint64(address)
     args = (tensor_args(launcher, q) + tensor_args(launcher, k) + tensor_args(launcher, v)
         + tensor_args(launcher, mask) + tensor_args(launcher, sinks)
         + tensor_args(launcher, node)
         + [np.float32(scale), np.float32(softcap), np.float32(max_bias), m0, m1,
            np.int32(n_head_log2), np.int32(k.type == F16), np.int32(v.type == F16),
-           np.int32(mask is not None), np.int32(sinks is not None)])
-    return launcher.launch("flash_attn_ext_vec", (q.ne[1], q.ne[2], q.ne[3]),
-                           (FLASH_ATTN_VEC_THREADS,), args)
+           np.int32(mask is not None), np.int32(sinks is not None), partial,
+           np.int32(n_splits)])
+    attend = launcher.launch("flash_attn_ext_vec", (q.ne[1] * n_splits, q.ne[2], q.ne[3]),
+                             (FLASH_ATTN_VEC_THREADS,), args)
+    if n_splits == 1:
+        return attend
+    combine = launcher.launch(
+        "flash_attn_ext_combine", (q.ne[1], q.ne[2], q.ne[3]), (FLASH_ATTN_VEC_THREADS,),
+        tensor_args(launcher, sinks) + tensor_args(launcher, node)
+        + [partial, np.int32(n_splits), np.int32(sinks is not None)])
+
+    def call() -> None:
+        attend()
+        combine()
+    call.scratch = kept          # the partial results live as long as the call
+    return call
 
 
 def rope_scalars(params: RopeParams) -> list:

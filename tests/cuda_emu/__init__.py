@@ -70,6 +70,10 @@ class EmuLauncher:
     def error_flag(self, node: Tensor) -> np.uint64:
         return np.uint64(self.flags.ctypes.data + 4 * self.kernel_errors.slot(node))
 
+    def scratch(self, nbytes: int) -> tuple[int, np.ndarray]:
+        memory = np.empty(nbytes, np.uint8)
+        return memory.ctypes.data, memory
+
     def launch(self, name: str, grid: Sequence[int], block: Sequence[int], args: list,
                checks_indices: bool = False) -> Callable[[], None]:
         fn = getattr(self.lib, f"emu_{name}")
