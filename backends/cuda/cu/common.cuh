@@ -230,3 +230,112 @@ template <> __device__ __forceinline__ void deq32<T_Q6_K>(const u8 * row, int c,
         }
     }
 }
+
+// --- block formats: 4 values at once ------------------------------------------------------------
+// Values 4q..4q+3 (q < 8) of chunk c, for kernels whose lanes share a chunk eight to a chunk
+// (mat-vec): neighbouring lanes then read neighbouring bytes of the row, and of the
+// activations. The same arithmetic as deq32, value for value. Whole chunks only.
+
+template <int T> __device__ void deq4(const u8 * row, int c, int q, float * y);
+
+template <> __device__ __forceinline__ void deq4<T_F32>(const u8 * row, int c, int q, float * y) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) y[k] = ((const float *) row)[32 * c + 4 * q + k];
+}
+
+template <> __device__ __forceinline__ void deq4<T_F16>(const u8 * row, int c, int q, float * y) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) y[k] = f16_to_f32(((const u16 *) row)[32 * c + 4 * q + k]);
+}
+
+template <> __device__ __forceinline__ void deq4<T_BF16>(const u8 * row, int c, int q, float * y) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) y[k] = bf16_to_f32(((const u16 *) row)[32 * c + 4 * q + k]);
+}
+
+// values 4q..4q+3 of 16 bytes of packed nibbles (the low nibbles are values 0..15), with the
+// fifth bits of qh for Q5; value v decodes as (v + off) * d + m
+template <bool A4>
+__device__ __forceinline__ void nibbles4(const u8 * qs, u32 qh, int off, float d, float m, int q,
+                                         float * y) {
+    int j = 4 * (q % 4);
+    u32 w = A4 ? u32_a4(qs + j) : u32_a2(qs + j);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int byte = (w >> (8 * k)) & 0xFF;
+        int v = (q >= 4 ? byte >> 4 : byte & 0xF) | (((qh >> (4 * q + k)) & 1) << 4);
+        y[k] = (v + off) * d + m;
+    }
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q4_0>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + c * 18;
+    nibbles4<false>(b + 2, 0, -8, f16_at(b), 0.0f, q, y);
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q4_1>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + c * 20;
+    nibbles4<true>(b + 4, 0, 0, f16_at(b), f16_at(b + 2), q, y);
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q5_0>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + c * 22;
+    nibbles4<false>(b + 6, u32_a2(b + 2), -16, f16_at(b), 0.0f, q, y);
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q5_1>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + c * 24;
+    nibbles4<true>(b + 8, u32_a4(b + 4), 0, f16_at(b), f16_at(b + 2), q, y);
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q8_0>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + c * 34;
+    float d = f16_at(b);
+    u32 w = u32_a2(b + 2 + 4 * q);
+#pragma unroll
+    for (int k = 0; k < 4; k++) y[k] = (float) (i8) ((w >> (8 * k)) & 0xFF) * d;
+}
+
+// values 4q..4q+3 of a Q4_K/Q5_K sub-block (k_nibbles' arithmetic)
+__device__ __forceinline__ void k_nibbles4(const u8 * qs, int hi, const u8 * qh, int bit,
+                                           float d1, float m1, float * y) {
+    u32 w = u32_a4(qs), h = qh ? u32_a4(qh) : 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int byte = (w >> (8 * k)) & 0xFF;
+        int v = (hi ? byte >> 4 : byte & 0xF) + (((h >> (8 * k + bit)) & 1) << 4);
+        y[k] = d1 * v - m1;
+    }
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q4_K>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + (c / 8) * 144;
+    int sub = c % 8;
+    float sc, m;
+    scale_min_k4(sub, b + 4, &sc, &m);
+    k_nibbles4(b + 16 + 32 * (sub / 2) + 4 * q, sub % 2, 0, 0, f16_at(b) * sc,
+               f16_at(b + 2) * m, y);
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q5_K>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + (c / 8) * 176;
+    int sub = c % 8;
+    float sc, m;
+    scale_min_k4(sub, b + 4, &sc, &m);
+    k_nibbles4(b + 48 + 32 * (sub / 2) + 4 * q, sub % 2, b + 16 + 4 * q, sub, f16_at(b) * sc,
+               f16_at(b + 2) * m, y);
+}
+
+template <> __device__ __forceinline__ void deq4<T_Q6_K>(const u8 * row, int c, int q, float * y) {
+    const u8 * b = row + (c / 8) * 210;
+    int sub = c % 8, h = sub / 4, quarter = sub % 4, j = 4 * q;
+    u32 lw = u32_a2(b + 64 * h + (quarter & 1) * 32 + j), hw = u32_a2(b + 128 + 32 * h + j);
+    float d = f16_at(b + 208), sc = ((const i8 *) (b + 192 + 8 * h + 2 * quarter))[j / 16];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int low = (lw >> (8 * k)) & 0xFF;
+        low = (quarter & 2) ? low >> 4 : low & 0xF;
+        int v = (low | (((hw >> (8 * k + 2 * quarter)) & 3) << 4)) - 32;
+        y[k] = d * sc * v;
+    }
+}

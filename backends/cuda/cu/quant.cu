@@ -4,16 +4,39 @@
 
 #define MMV_MAX_COLS 8          // columns of src1 one mat-vec launch handles
 
+// A lane's share of row . x for a row of whole chunks: eight lanes to a chunk (4 values each,
+// deq4), four chunks a warp step, so that each step of a warp reads a few whole runs of the
+// row's bytes and 512 consecutive bytes of x (lanes that each took a chunk of their own read
+// 32 scattered places per load). The warp sums the shares.
+template <int T>
+__device__ __forceinline__ float row_dot_share(const u8 * a_row, const float * x, int K,
+                                               int lane) {
+    float acc = 0.0f, y[4];
+    int q = lane % 8;
+    for (int c = lane / 8; c < K / 32; c += 4) {
+        deq4<T>(a_row, c, q, y);
+        const float * xs = x + 32 * c + 4 * q;
+        acc += y[0] * xs[0] + y[1] * xs[1] + y[2] * xs[2] + y[3] * xs[3];
+    }
+    return acc;
+}
+
 // dst(i01, col) = row i01 of src0 (K values of type T) . column col of src1 (f32, unit
-// stride) for col < n_cols. One warp per row: lanes stride over the row's 32-value chunks,
-// so a block's scales are decoded once, then reduce with shuffles. Block (32, rows per
-// block), grid ceil(M / rows per block).
+// stride) for col < n_cols. One warp per row, reducing with shuffles: one column of a row of
+// whole chunks through row_dot_share; otherwise lanes stride over the row's 32-value chunks,
+// so a block's scales are decoded once for every column. Block (32, rows per block), grid
+// ceil(M / rows per block).
 template <int T>
 __device__ void mul_mat_vec(const char * a, i64 a_nb1, const char * b, i64 b_nb1, char * dst,
                             i64 d_nb1, int K, int M, int n_cols) {
     int row = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
     if (row >= M) return;                  // the whole warp leaves together
     const u8 * a_row = (const u8 *) (a + row * a_nb1);
+    if (n_cols == 1 && K % 32 == 0) {
+        float s = warp_sum(row_dot_share<T>(a_row, (const float *) b, K, lane));
+        if (lane == 0) *(float *) (dst + (i64) row * sizeof(float)) = s;
+        return;
+    }
     float acc[MMV_MAX_COLS], y[32];
     for (int col = 0; col < MMV_MAX_COLS; col++) acc[col] = 0.0f;
     int chunks = (K + 31) / 32;
@@ -59,8 +82,14 @@ __device__ void mul_mat_id_vec(TENSOR(src0), TENSOR(src1), TENSOR(ids), TENSOR_O
     }
     const u8 * a_row = (const u8 *) ROW(src0, row, e, 0);
     const float * x = (const float *) ROW(src1, slot % src1_ne1, t, 0);
+    int K = src0_ne0;
+    if (K % 32 == 0) {
+        float s = warp_sum(row_dot_share<T>(a_row, x, K, lane));
+        if (lane == 0) *out = s;
+        return;
+    }
     float acc = 0.0f, y[32];
-    int K = src0_ne0, chunks = (K + 31) / 32;
+    int chunks = (K + 31) / 32;
     for (int c = lane; c < chunks; c += 32) {
         int n = min(32, K - 32 * c);
         deq32<T>(a_row, c, n, y);
