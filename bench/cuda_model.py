@@ -1,34 +1,72 @@
-"""A 1B-class model on a CUDA GPU: polydev against llama.cpp's CUDA backend on the same file.
+"""1B-class models on a CUDA GPU: polydev against llama.cpp's own C++ llama-bench built with its
+CUDA backend, on the same files, in turns in one run.
 
-For random-weight models of TinyLlama's widths (bench/models.py's TINYLLAMA, in Q4_K and Q8_0;
-written once with gguf.GGUFWriter into $POLYDEV_CACHE_DIR/bench-models, since a real model file
-is too large to carry to a GPU machine), each engine in its own process:
-- pp512 and tg128 with every layer on CUDA0 (-ngl all) and with half of them there (-ngl n/2,
-  llama.cpp's counting: the output layer is one of them; the rest on the CPU backend);
-- the same for llama.cpp, where ``--llama-cpp DIR`` names a llama-cpp-python built with
-  ``GGML_CUDA=on`` (bench/gpu.sh llama builds one), and the ratios: targets tg >= 1.0 and
+For random-weight models of TinyLlama's widths (bench/models.py's TINYLLAMA: Q4_K, Q4_0 and
+Q8_0) and a mixture of experts of the same class (QWEN3_MOE, Q4_K), written once with
+tests/model_files.py into $POLYDEV_CACHE_DIR/bench-models (a real model file is too large to
+carry to a GPU machine), each engine in its own process, round after round in turns:
+- pp512 and tg128 with every layer on CUDA0 (-ngl all), with half of them there (-ngl n/2,
+  llama.cpp's counting: the output layer is one of them; the rest on the CPU backend), and
+  for the mixture of experts with its experts on the CPU (llama.cpp's --cpu-moe, -ncmoe);
+- the same for llama.cpp where ``--llama-bench PATH`` names its llama-bench built with
+  ``GGML_CUDA=ON`` (bench/gpu.sh llama builds one), and the ratios: targets tg >= 1.0 and
   pp >= 0.8;
+- decode's share of the card's memory bandwidth with every layer on CUDA0: the weight bytes a
+  token reads (the experts it uses, not all) times tg over a device-to-device copy's rate
+  (read and write counted), the moonshot 0.5;
 - polydev's logits with the layers on CUDA0 against the CPU backend's alone (both with exact
   numerics) over a 64-token prompt and 4 decode steps: the largest difference over the largest
   logit, float32 rounding (target 1e-3).
-Both engines use as many CPU threads as the machine has physical cores. Without a CUDA device
-it stops at once with one line. Prints a table, or with --json one JSON object.
+Both engines use as many CPU threads as the machine has physical cores. ``--polydev-env
+NAME=VALUE`` runs polydev a second time with that environment (POLYDEV_CUDA_GRAPHS=0: the
+step replayed call by call, the figure before CUDA graphs). Without a CUDA device it stops at
+once with one line. Prints a table, or with --json one JSON object.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
+from dataclasses import dataclass
 
 from figures import parse_args, print_figures, run_child  # bench/figures.py
-from models import (N_GEN, N_PROMPT, TINYLLAMA, RandomTokens, llama_cpp_rates, polydev_rates,
-                    scale_model, with_llama_cpp)
+from llama_bench import LlamaBench
+from models import N_GEN, N_PROMPT, QWEN3_MOE, TINYLLAMA, RandomTokens, polydev_rates, scale_model
 
-MODELS = {f"llama 1B-class {t}": dict(TINYLLAMA, weight_type=t) for t in ("Q4_K", "Q8_0")}
+MODELS = {
+    "llama 1B-class Q4_K": dict(TINYLLAMA, weight_type="Q4_K"),
+    "llama 1B-class Q4_0": dict(TINYLLAMA, weight_type="Q4_0"),
+    "llama 1B-class Q8_0": dict(TINYLLAMA, weight_type="Q8_0"),
+    "qwen3moe 1B-class Q4_K": dict(QWEN3_MOE, weight_type="Q4_K"),
+}
 N_CTX = N_PROMPT + N_GEN + 64
 N_CHECK, CHECK_STEPS = 64, 4
 LOGITS_TARGET = 1e-3
+BANDWIDTH_TARGET = 0.5
 ALL = -1                                     # n_gpu_layers: every layer and the output
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's weights go: polydev's load knobs and llama-bench's options alike."""
+
+    name: str
+    n_gpu_layers: int                        # ALL, or llama.cpp's count
+    cpu_moe: bool = False
+
+    def llama_bench_args(self, n_layer: int) -> tuple[str, ...]:
+        ngl = 99 if self.n_gpu_layers == ALL else self.n_gpu_layers
+        return ("-ngl", str(ngl)) + (("-ncmoe", str(n_layer)) if self.cpu_moe else ())
+
+
+def placements(n_layer: int, moe: bool) -> list[Placement]:
+    half = (n_layer + 1) // 2
+    chosen = [Placement(f"all {n_layer} layers on CUDA0", ALL),
+              Placement(f"-ngl {half} of {n_layer + 1}", half)]
+    if moe:
+        chosen.append(Placement("all layers on CUDA0, experts on the CPU", ALL, cpu_moe=True))
+    return chosen
 
 
 # --- what runs in the child processes ------------------------------------------------------------
@@ -39,13 +77,21 @@ def _threads() -> int:
     return physical_cores()
 
 
-def polydev_child(path: str, ngl: int, reps: int) -> dict:
+def polydev_child(path: str, ngl: int, cpu_moe: bool, reps: int) -> dict:
     from polydev.models import load
 
     rng = RandomTokens(0)
-    with load(path, devices=["CUDA0"], n_gpu_layers=ngl, n_ctx=N_CTX, progress=False) as model:
+    with load(path, devices=["CUDA0"], n_gpu_layers=ngl, cpu_moe=cpu_moe, n_ctx=N_CTX,
+              progress=False) as model:
         pp, tg = polydev_rates(model, rng, reps)
         return {"pp": pp, "tg": tg}
+
+
+def llama_bench_child(path: str, model: str, extra: tuple[str, ...]) -> dict:
+    from llama_bench import llama_bench_child as run
+
+    done = run("llama.cpp CUDA", path, model, _threads(), [N_PROMPT], N_GEN, extra)
+    return {"pp": [done[f"pp{N_PROMPT}"]], "tg": [done["tg"]]}
 
 
 def logits_child(path: str, ngl: int) -> dict:
@@ -71,53 +117,142 @@ def logits_child(path: str, ngl: int) -> dict:
             "argmax_same": float((got.argmax(-1) == want.argmax(-1)).mean())}
 
 
-def llama_cpp_child(path: str, ngl: int, reps: int) -> dict:
-    import llama_cpp
+def copy_bandwidth_child() -> dict:
+    """The card's device-to-device copy rate in bytes/s, reads and writes counted (the median
+    of 20 copies of 1 GiB)."""
+    import cupy
 
-    if not llama_cpp.llama_supports_gpu_offload():
-        raise SystemExit("this llama-cpp-python was built without a GPU backend")
-    rng = RandomTokens(0)
-    llm = llama_cpp.Llama(path, n_gpu_layers=ngl, n_ctx=N_CTX, n_batch=512,
-                          n_threads=_threads(), verbose=False)
-    pp, tg = llama_cpp_rates(llm, rng, reps)
-    llm.close()
-    return {"pp": pp, "tg": tg}
+    n = 1 << 30
+    src, dst = cupy.ones(n, dtype=cupy.uint8), cupy.empty(n, dtype=cupy.uint8)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(20):
+        start.record()
+        cupy.copyto(dst, src)
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return {"bytes_per_s": 2 * n / statistics.median(times)}
 
 
 # --- the parent ----------------------------------------------------------------------------------
 
-def _n_layer(path: str) -> int:
-    from polydev.models import GGUFFile
+@dataclass(frozen=True)
+class ModelFile:
+    """A model's file and what the figures need of it."""
 
-    with GGUFFile(path) as f:
-        return int(f.get(f"{f.get('general.architecture')}.block_count"))
+    label: str
+    path: str
+    n_layer: int
+    is_moe: bool
+    token_bytes: int                         # weight bytes one decoded token reads
+
+    @classmethod
+    def read(cls, label: str, path: str) -> "ModelFile":
+        from polydev.models import GGUFFile
+
+        with GGUFFile(path) as f:
+            arch = f.get("general.architecture")
+            n_expert = int(f.get(f"{arch}.expert_count", 0) or 0)
+            used = int(f.get(f"{arch}.expert_used_count", 0) or 0)
+            token_bytes = 0
+            for name, info in f.tensors.items():
+                if name == "token_embd.weight" and "output.weight" in f.tensors:
+                    continue                  # a token reads one row of it
+                share = used / n_expert if n_expert and "_exps" in name else 1.0
+                token_bytes += int(info.nbytes * share)
+            return cls(label, path, int(f.get(f"{arch}.block_count")), n_expert > 0,
+                       token_bytes)
 
 
 def _rate(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f} ± {statistics.pstdev(values):.1f} t/s"
 
 
-def _speed_figures(label: str, placement: str, ours: dict, theirs: dict | str | None) -> list:
+class Rounds:
+    """Each engine's rates over the rounds, or the first reason it failed."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, dict | str] = {}
+
+    def keep(self, engine: str, got: dict | str) -> None:
+        kept = self.results.get(engine)
+        if kept is None or (isinstance(got, str) and not isinstance(kept, str)):
+            self.results[engine] = got
+        elif isinstance(kept, dict) and isinstance(got, dict):
+            for test in ("pp", "tg"):
+                kept[test] = kept[test] + got[test]
+
+
+def _polydev_env(spec: str | None) -> dict[str, str] | None:
+    if not spec:
+        return None
+    name, _, value = spec.partition("=")
+    return dict(os.environ, **{name: value})
+
+
+def _measure(model: ModelFile, placement: Placement, rounds: int, args) -> Rounds:
+    """polydev (and polydev under --polydev-env) and llama-bench, ``rounds`` times in turns."""
+    measured = Rounds()
+    call = (f"polydev_child({model.path!r}, {placement.n_gpu_layers}, {placement.cpu_moe}, 1)")
+    for _ in range(rounds):
+        measured.keep("polydev", run_child("cuda_model", call))
+        if args.polydev_env:
+            measured.keep(args.polydev_env,
+                          run_child("cuda_model", call, _polydev_env(args.polydev_env)))
+        if args.llama_bench:
+            extra = placement.llama_bench_args(model.n_layer)
+            measured.keep("llama.cpp", run_child(
+                "cuda_model", f"llama_bench_child({args.llama_bench!r}, {model.path!r}, "
+                              f"{extra!r})"))
+    return measured
+
+
+def _speed_figures(where: str, measured: Rounds) -> list[dict]:
+    ours, theirs = measured.results["polydev"], measured.results.get("llama.cpp")
+    if isinstance(ours, str):
+        return [{"name": f"{where}: polydev", "value": None, "unit": "t/s", "target": None,
+                 "better": "higher", "detail": f"failed: {ours}"}]
     figures = []
     for test, size, target in (("pp", N_PROMPT, 0.8), ("tg", N_GEN, 1.0)):
-        name = f"{label}, {placement}: {test}{size} polydev / llama.cpp CUDA"
-        figure = {"name": name, "value": None, "unit": "ratio", "target": target,
-                  "better": "higher"}
-        if not isinstance(theirs, dict):
-            why = theirs or "no --llama-cpp DIR given"
-            figures.append({**figure, "detail": f"polydev {_rate(ours[test])}; llama.cpp "
-                                                f"missing: {why}"})
-            continue
-        ratio = statistics.mean(ours[test]) / statistics.mean(theirs[test])
-        figures.append({**figure, "value": round(ratio, 3),
-                        "detail": f"{_rate(ours[test])} vs {_rate(theirs[test])}"})
+        figure = {"name": f"{where}: {test}{size} polydev / llama.cpp CUDA", "value": None,
+                  "unit": "ratio", "target": target, "better": "higher"}
+        details = [f"polydev {_rate(ours[test])}"]
+        for engine, got in measured.results.items():
+            if engine not in ("polydev", "llama.cpp"):
+                details.append(f"polydev {engine} " + (_rate(got[test]) if isinstance(got, dict)
+                                                       else f"failed: {got}"))
+        if isinstance(theirs, dict):
+            figure["value"] = round(statistics.mean(ours[test]) / statistics.mean(theirs[test]),
+                                    3)
+            details.append(f"llama.cpp {_rate(theirs[test])}")
+        else:
+            details.append(f"llama.cpp missing: {theirs or 'no --llama-bench PATH given'}")
+        figures.append({**figure, "detail": "; ".join(details)})
     return figures
 
 
-def _logits_figure(label: str, placement: str, check: dict | str) -> dict:
-    figure = {"name": f"{label}, {placement}: logits' largest difference from the CPU backend's "
-                      f"/ largest logit", "value": None, "unit": "ratio",
-              "target": LOGITS_TARGET, "better": "lower"}
+def _bandwidth_figure(where: str, model: ModelFile, measured: Rounds, copy: dict | str) -> dict:
+    figure = {"name": f"{where}: tg{N_GEN} weight bytes read / copy bandwidth", "value": None,
+              "unit": "ratio", "target": BANDWIDTH_TARGET, "better": "higher"}
+    ours = measured.results["polydev"]
+    if isinstance(copy, str) or isinstance(ours, str):
+        return {**figure, "detail": f"failed: {copy if isinstance(copy, str) else ours}"}
+    rate = model.token_bytes * statistics.mean(ours["tg"])
+    share = rate / copy["bytes_per_s"]
+    detail = (f"{model.token_bytes / 2**20:.0f} MiB a token at {rate / 1e9:.0f} GB/s, copies "
+              f"{copy['bytes_per_s'] / 1e9:.0f} GB/s")
+    theirs = measured.results.get("llama.cpp")
+    if isinstance(theirs, dict):
+        theirs_share = model.token_bytes * statistics.mean(theirs["tg"]) / copy["bytes_per_s"]
+        detail += f"; llama.cpp {theirs_share:.3f}"
+    return {**figure, "value": round(share, 3), "detail": detail}
+
+
+def _logits_figure(where: str, check: dict | str) -> dict:
+    figure = {"name": f"{where}: logits' largest difference from the CPU backend's / largest "
+                      f"logit", "value": None, "unit": "ratio", "target": LOGITS_TARGET,
+              "better": "lower"}
     if isinstance(check, str):
         return {**figure, "detail": f"failed: {check}"}
     return {**figure, "value": float(f"{check['error']:.3g}"),
@@ -125,20 +260,17 @@ def _logits_figure(label: str, placement: str, check: dict | str) -> dict:
                       f"steps), same argmax at {check['argmax_same']:.1%}"}
 
 
-def _model_figures(label: str, path: str, reps: int, llama_cpp_dir: str | None) -> list:
-    n_layer = _n_layer(path)
-    llama_env = with_llama_cpp(llama_cpp_dir) if llama_cpp_dir else None
+def _model_figures(model: ModelFile, rounds: int, copy: dict | str, args) -> list[dict]:
     figures = []
-    for placement, ngl in ((f"all {n_layer} layers on CUDA0", ALL),
-                           (f"-ngl {(n_layer + 1) // 2} of {n_layer + 1}", (n_layer + 1) // 2)):
-        ours = run_child("cuda_model", f"polydev_child({path!r}, {ngl}, {reps})")
-        if isinstance(ours, str):
-            raise SystemExit(f"polydev failed on {label}, {placement}: {ours}")
-        theirs = (run_child("cuda_model", f"llama_cpp_child({path!r}, {ngl}, {reps})", llama_env)
-                  if llama_cpp_dir else None)
-        figures += _speed_figures(label, placement, ours, theirs)
-        figures.append(_logits_figure(label, placement,
-                                      run_child("cuda_model", f"logits_child({path!r}, {ngl})")))
+    for placement in placements(model.n_layer, model.is_moe):
+        where = f"{model.label}, {placement.name}"
+        measured = _measure(model, placement, rounds, args)
+        figures += _speed_figures(where, measured)
+        if placement.n_gpu_layers == ALL and not placement.cpu_moe:
+            figures.append(_bandwidth_figure(where, model, measured, copy))
+        if args.logits and not placement.cpu_moe:
+            figures.append(_logits_figure(where, run_child(
+                "cuda_model", f"logits_child({model.path!r}, {placement.n_gpu_layers})")))
     return figures
 
 
@@ -156,20 +288,31 @@ def _cuda_device():
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv, extra=_options)
     device = _cuda_device()
-    reps = 1 if args.quick else 3
+    if args.llama_bench:
+        LlamaBench.parse(args.llama_bench)          # a missing binary stops here, not later
+    rounds = args.rounds or (1 if args.quick else 3)
+    copy = run_child("cuda_model", "copy_bandwidth_child()")
     figures = []
     for label, shape in MODELS.items():
-        figures += _model_figures(label, scale_model(label, shape), reps, args.llama_cpp)
-    engine = f"llama.cpp from {args.llama_cpp}" if args.llama_cpp else "no llama.cpp"
-    print_figures("cuda_model", f"{device.description}; {_threads()} CPU threads; {engine}",
-                  figures, args.json)
+        if args.only is None or args.only.lower() in label.lower():
+            model = ModelFile.read(label, scale_model(label, shape))
+            figures += _model_figures(model, rounds, copy, args)
+    engine = f"llama-bench {args.llama_bench}" if args.llama_bench else "no llama.cpp"
+    print_figures("cuda_model", f"{device.description}; {_threads()} CPU threads; {engine}; "
+                                f"{rounds} rounds in turns", figures, args.json)
     return 0
 
 
 def _options(parser) -> None:
-    parser.add_argument("--llama-cpp", metavar="DIR",
-                        help="measure the llama-cpp-python in DIR (built with GGML_CUDA=on) "
-                             "side by side")
+    parser.add_argument("--llama-bench", metavar="PATH",
+                        help="llama.cpp's llama-bench built with GGML_CUDA=ON, measured in "
+                             "turns with polydev (bench/gpu.sh llama builds one)")
+    parser.add_argument("--rounds", type=int, help="rounds in turns (default 3, --quick 1)")
+    parser.add_argument("--only", metavar="TEXT", help="only the models whose label holds TEXT")
+    parser.add_argument("--polydev-env", metavar="NAME=VALUE",
+                        help="also run polydev with this environment variable set")
+    parser.add_argument("--no-logits", dest="logits", action="store_false",
+                        help="skip the logits check against the CPU backend")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,14 @@
 #                               half of the default part's time)
 #   bash bench/gpu.sh models    there: install; every model architecture on CUDA0 against the
 #                               CPU (pytest -m cuda tests/test_models_archs.py)
-#   bash bench/gpu.sh llama     there: install; build llama.cpp's CUDA backend; then
-#                               bench/cuda_model.py with it side by side
+#   bash bench/gpu.sh llama     there: install; build llama.cpp's llama-bench with its CUDA
+#                               backend (or unpack the build an earlier call saved in $OUT,
+#                               carried back in .gpu/); then bench/cuda_model.py against it
+#   bash bench/gpu.sh decode    there: install; the CUDA tests of the backend and its graphs;
+#                               bench/cuda_model.py on the 1B-class Q4_K model with and without
+#                               CUDA graphs (llama-bench beside it where .gpu carries a build);
+#                               bench/cuda_profile.py (a decode step's time by op); compare's
+#                               products and attention on CUDA0 (about 4 minutes in all)
 #   bash bench/gpu.sh threads   there: install; bench/threads.py (CPU thread scaling) against
 #                               ../shared's portable llama-cpp-python wheel
 #
@@ -30,9 +36,13 @@ cd "$(dirname "$0")/.."
 LLAMA_CPP_VERSION=0.3.36
 GPU_DIR=.gpu
 SITE=/tmp/polydev-site             # what the parts install, on PYTHONPATH
-LLAMA_DIR=/tmp/llama-cpp-cuda      # llama-cpp-python built for the GPU
+LLAMA_DIR=/tmp/llama-cuda          # llama.cpp's llama-bench built for the GPU
+LLAMA_BENCH=$LLAMA_DIR/bin/llama-bench
+LLAMA_BENCH_ARCHIVE=llama-bench-cuda.tar.xz
+CUDA_MODEL_ARGS=${CUDA_MODEL_ARGS:-}  # more options of bench/cuda_model.py (--quick, --only)
 OUT=${OUT:-$PWD/gpu-out}
-DEADLINE=$((SECONDS + 570))        # a device call runs 600 s at most: end with time to spare
+# a device call runs 600 s at most: end with time to spare (GPU_SECONDS: a shorter call)
+DEADLINE=$((SECONDS + ${GPU_SECONDS:-570}))
 # What the GPU machine's image lacks (its package list: the device tool's KINDS.md): the gguf
 # package for the model files, pyopencl for its OpenCL check, diskcache for llama-cpp-python,
 # a setuptools new enough for polydev's pyproject.toml, starlette and uvicorn for
@@ -173,24 +183,60 @@ threads() {
     summary
 }
 
-build_llama_cpp() {
-    if [ -f "$LLAMA_DIR/llama_cpp/__init__.py" ]; then say "llama.cpp is built"; return 0; fi
-    local tmp
+# llama.cpp's own C++ llama-bench with its CUDA backend, from the source llama-cpp-python
+# vendors: for this machine's processor (GGML_NATIVE, the default) and the GPU's architecture
+# (sm_90: H100, H200), kept outside the checkout. A build carried in $GPU_DIR (a later call
+# of the same lease kind: bench/gpu.sh saves one in $OUT) is unpacked instead of built.
+build_llama_bench() {
+    if [ -x "$LLAMA_BENCH" ]; then say "llama-bench is built"; return 0; fi
+    mkdir -p "$LLAMA_DIR/bin"
+    if [ -f "$GPU_DIR/$LLAMA_BENCH_ARCHIVE" ]; then
+        tar xJf "$GPU_DIR/$LLAMA_BENCH_ARCHIVE" -C "$LLAMA_DIR/bin" || return 1
+        if "$LLAMA_BENCH" --help >/dev/null 2>&1; then
+            say "llama-bench unpacked from $GPU_DIR/$LLAMA_BENCH_ARCHIVE"
+            return 0
+        fi
+        say "the carried llama-bench does not run here: building it"
+        rm -f "$LLAMA_BENCH"
+    fi
+    local tmp start=$SECONDS
     tmp=$(mktemp -d)
     tar xzf "$GPU_DIR"/llama_cpp_python-*.tar.gz -C "$tmp" || return 1
-    # for this machine (GGML_NATIVE, the default) and its GPU, kept outside the checkout
-    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=off" \
-        CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-        python3 -m pip install --no-index --no-deps --no-build-isolation --target "$LLAMA_DIR" \
-        "$tmp"/llama_cpp_python-* || return 1
+    cmake -S "$tmp"/llama_cpp_python-*/vendor/llama.cpp -B "$tmp/build" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 || return 1
+    cmake --build "$tmp/build" --target llama-bench -j "$(nproc)" || return 1
+    cp "$tmp/build/bin/llama-bench" "$LLAMA_BENCH" || return 1
+    say "built in $((SECONDS - start)) s"
+    # for a later call: carry it back as $GPU_DIR/$LLAMA_BENCH_ARCHIVE
+    XZ_OPT=-T0 tar cJf "$OUT/$LLAMA_BENCH_ARCHIVE" -C "$LLAMA_DIR/bin" llama-bench && ls -l "$OUT"
 }
 
 llama() {
     require_gpu
-    step setup 90 install_polydev || { summary; exit 1; }
-    step llama_build 360 build_llama_cpp || { summary; exit 1; }
-    step cuda_model 480 "python3 bench/cuda_model.py --json --llama-cpp '$LLAMA_DIR' \
->'$OUT/cuda_model.json'"
+    step setup 200 install_polydev || { summary; exit 1; }
+    step llama_build 330 build_llama_bench || { summary; exit 1; }
+    step cuda_model 480 "python3 bench/cuda_model.py --json $CUDA_MODEL_ARGS \
+--llama-bench '$LLAMA_BENCH' >'$OUT/cuda_model.json'"
+    summary
+}
+
+# The decode step's figures after a change of its kernels or graphs, sized for a short call.
+decode() {
+    require_gpu
+    step setup 120 install_polydev || { summary; exit 1; }
+    step tests 60 "python3 -m pytest -q -m cuda -k 'not compare' tests/test_cuda.py \
+tests/test_cuda_graphs.py"
+    local anchor=""
+    if [ -f "$GPU_DIR/$LLAMA_BENCH_ARCHIVE" ] && build_llama_bench >>"$OUT/setup.log" 2>&1; then
+        anchor="--llama-bench '$LLAMA_BENCH'"
+    fi
+    step cuda_model 120 "python3 bench/cuda_model.py --json --quick --no-logits \
+--only 'llama 1B-class Q4_K' --polydev-env POLYDEV_CUDA_GRAPHS=0 $anchor >'$OUT/cuda_model.json'"
+    step profile 60 "python3 bench/cuda_profile.py 'llama 1B-class Q4_K'"
+    step compare 60 "python3 -m polydev.tools.cli compare -b CUDA0 \
+-o MUL_MAT,MUL_MAT_ID,FLASH_ATTN_EXT -j 4"
     summary
 }
 
@@ -200,6 +246,8 @@ summary() {
     {
         cat "$OUT/steps.txt"
         [ -f "$OUT/tests.log" ] && echo "tests: $(tail -1 "$OUT/tests.log")"
+        [ -f "$OUT/compare.log" ] && echo "compare: $(grep -a 'Backend CUDA0' "$OUT/compare.log")"
+        [ -f "$OUT/profile.log" ] && head -45 "$OUT/profile.log"
         for f in "$OUT"/compare*.jsonl; do
             [ -s "$f" ] && echo "$(basename "$f" .jsonl): $(grep '"summary"' "$f" | tail -1)"
         done
@@ -211,8 +259,8 @@ summary() {
     cat "$OUT/summary.txt"
 }
 
-export GPU_DIR SITE LLAMA_DIR OUT
-export -f install_polydev build_llama_cpp
+export GPU_DIR SITE LLAMA_DIR LLAMA_BENCH LLAMA_BENCH_ARCHIVE OUT
+export -f install_polydev build_llama_bench
 
 case "${1:-check}" in
     prepare) prepare ;;
@@ -221,7 +269,9 @@ case "${1:-check}" in
     models) models ;;
     llama) llama ;;
     threads) threads ;;
+    decode) decode ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" ;;
-    *) say "unknown part '$1': prepare, check (the default), tests, models, llama or threads"
+    *) say "unknown part '$1': prepare, check (the default), tests, models, llama, decode or" \
+           "threads"
        exit 2 ;;
 esac

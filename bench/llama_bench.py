@@ -46,20 +46,22 @@ class LlamaBench:
                               check=False)
         return "-rtr" in done.stdout + done.stderr
 
-    def command(self, model: str, threads: int, prompts: list[int], n_gen: int) -> list[str]:
-        """The command that runs pp``prompts`` and tg``n_gen`` once each on ``model``."""
+    def command(self, model: str, threads: int, prompts: list[int], n_gen: int,
+                extra: tuple[str, ...] = ()) -> list[str]:
+        """The command that runs pp``prompts`` and tg``n_gen`` once each on ``model``, with
+        llama-bench's options ``extra`` (``-ngl 99`` for a GPU build, say)."""
         cmd = [self.path, "-m", model, "-t", str(threads), "-fa", "1", "-ub", "512",
                "-p", ",".join(map(str, prompts)), "-n", str(n_gen), "-r", "1", "-o", "json"]
-        return cmd + (["-rtr", "1"] if self.repacks else [])
+        return cmd + (["-rtr", "1"] if self.repacks else []) + list(extra)
 
 
 def llama_bench_child(name: str, path: str, model: str, threads: int, prompts: list[int],
-                      n_gen: int) -> dict:
+                      n_gen: int, extra: tuple[str, ...] = ()) -> dict:
     """Run llama-bench once (in the bench's child process, so that RUSAGE_CHILDREN is its
     own): {"pp<N>": t/s per prompt size, "tg": t/s, "rss": its peak RSS in bytes}."""
     bench = LlamaBench(name, path)
-    done = subprocess.run(bench.command(model, threads, prompts, n_gen), capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(bench.command(model, threads, prompts, n_gen, extra),
+                          capture_output=True, text=True, check=False)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{name} exited with {done.returncode}: {tail}")
