@@ -26,7 +26,7 @@ import sys
 import time
 from collections import defaultdict
 
-from polydev.ops import VIEW_OPS, Op
+from polydev.device import computing_nodes
 from polydev.tools.table import format_table
 
 from decode_profile import _group  # bench/ (before models.py, which takes bench/ off the path)
@@ -110,8 +110,7 @@ def _per_call(model, plans) -> dict[str, list[float]]:
     groups: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
 
     def profile(plan) -> None:
-        nodes = [n for n in plan.graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
-        for node, call in zip(nodes, plan.calls):
+        for node, call in zip(computing_nodes(plan.graph), plan.calls):
             row = groups[_group(node)]
             row[0] += 1
             row[1] += _gpu_time(plan.backend, call)

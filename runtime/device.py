@@ -244,6 +244,11 @@ class Event(Resource):
 BoundCall = Callable[[], None]
 
 
+def computing_nodes(graph: "Graph") -> list[Tensor]:
+    """The nodes of ``graph`` a plan binds a call to, in order (views compute nothing)."""
+    return [n for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
+
+
 class GraphPlan:
     """A graph prepared once for repeated computes on one backend: each compute node's kernel
     call, bound to its tensors' memory; computing the plan replays ``calls`` in order."""
@@ -479,7 +484,7 @@ class Backend(Resource):
     def _bind_graph(self, graph: "Graph") -> list[BoundCall]:
         """Each computing node's bound call, in order."""
         with self._compute_scope():
-            return [self.bind(n) for n in graph.nodes if n.op not in VIEW_OPS and n.op != Op.NONE]
+            return [self.bind(n) for n in computing_nodes(graph)]
 
     def _graph_plan_compute(self, plan: GraphPlan) -> None:
         with self._compute_scope():

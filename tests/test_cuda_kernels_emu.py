@@ -16,10 +16,11 @@ import pytest
 import polydev
 from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, ops
 from polydev.backends.cpu import CPUBackend, CPUDevice
-from polydev.backends.cuda import binders
+from polydev.backends.cuda import binders, fusion
 from polydev.backends.cuda.binders import ROW_TYPE_NAMES, dequantize_args
 from polydev.backends.cuda.kernels import find_own_kernel
 from polydev.backends.cuda.programs import kernel_source
+from polydev.device import computing_nodes
 from polydev.errors import OutOfBoundsError, UnsupportedOpError
 from polydev.ops import VIEW_OPS, Op, op_desc
 from polydev.tools.compare.catalogue import eval_cases
@@ -31,7 +32,8 @@ from cuda_emu import EmuLauncher, build, compiler
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler for the emulation")
 
 OWN_OPS = {"MUL_MAT", "MUL_MAT_ID", "GET_ROWS", "NORM", "RMS_NORM", "L2_NORM", "SOFT_MAX",
-           "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"}
+           "ROPE", "SET_ROWS", "FLASH_ATTN_EXT", "ADD", "SUB", "MUL", "DIV", "REGLU", "GEGLU",
+           "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK"}
 
 
 class EmuBackend(CPUBackend):
@@ -77,7 +79,9 @@ def emu():
 # The emulation runs a block's threads as OS threads, so the sweeps with the most blocks are
 # sampled (every n-th case, each type still present); the others run whole. Flash attention
 # (128 threads a block, seconds a case) has its features covered by a test of its own below.
-SAMPLE_EVERY = {"MUL_MAT_ID": 4, "SOFT_MAX": 4, "FLASH_ATTN_EXT": 32}
+SAMPLE_EVERY = {"MUL_MAT_ID": 4, "SOFT_MAX": 4, "FLASH_ATTN_EXT": 32, "ADD": 6, "SUB": 6,
+                "MUL": 6, "DIV": 6, "REGLU": 3, "GEGLU": 3, "SWIGLU": 3, "GEGLU_ERF": 3,
+                "GEGLU_QUICK": 3, "SWIGLU_OAI": 2}
 
 
 def _cases():
@@ -272,3 +276,41 @@ def test_set_rows_bad_index_sets_the_flag(emu):
         with pytest.raises(OutOfBoundsError, match="in SET_ROWS"):
             emu.graph_compute(build_graph(out))
         np.testing.assert_array_equal(cache.numpy()[0, 0, 3], np.arange(8))
+
+
+def _norm_then_mul(backend, norm_op: str, fused: bool, rng) -> list[np.ndarray]:
+    """norm(x) * w (w repeated over the rows), and norm(x) + x read after the product."""
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, [96, 3, 2])
+    w = ctx.new_tensor(GGMLType.F32, [96])
+    normed = getattr(ops, norm_op)(ctx, x, 1e-5)
+    outputs = [ops.mul(ctx, normed, w), ops.add(ctx, normed, x)]
+    graph = build_graph(*outputs)
+    with alloc_ctx_tensors(ctx, backend):
+        x.set_data(rng.standard_normal((2, 3, 96)).astype(np.float32))
+        w.set_data(rng.standard_normal(96).astype(np.float32))
+        if fused:
+            calls = fusion.bind_nodes(backend.launcher, computing_nodes(graph), backend.bind)
+            assert calls[1] is fusion._nothing        # the MUL: done by the norm's kernel
+            for call in calls:
+                call()
+        else:
+            backend.graph_compute(graph)
+        return [t.numpy().copy() for t in outputs]
+
+
+@pytest.mark.parametrize("norm_op", ["rms_norm", "norm", "l2_norm"])
+def test_a_norm_and_the_mul_after_it_run_as_one_kernel(emu, cpu, norm_op):
+    expected = _norm_then_mul(cpu, norm_op, False, np.random.default_rng(5))
+    got = _norm_then_mul(emu, norm_op, True, np.random.default_rng(5))
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_a_norm_is_not_fused_with_a_mul_of_something_else():
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, [32, 2])
+    normed = ops.rms_norm(ctx, x, 1e-5)
+    assert fusion.norm_then_mul(normed, ops.mul(ctx, normed, x))
+    assert not fusion.norm_then_mul(normed, ops.mul(ctx, x, normed))      # not its first operand
+    assert not fusion.norm_then_mul(normed, ops.add(ctx, normed, x))

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Seque
 
 import numpy as np
 
-from polydev.device import Backend, Event, GraphPlan
+from polydev.device import Backend, BoundCall, Event, GraphPlan, computing_nodes
 from polydev.inflight import KernelErrorFlags
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 from polydev.tensor import Tensor
 
 from .buffer import CUDABuffer
 from .env import CupyEnv
+from .fusion import bind_nodes
 from .graphs import CapturedPlan, GraphCapture, graphs_enabled, one_token_step
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ class CUDABackend(Backend):
         return self.on_stream()       # binding may upload small tables: on this stream too
 
     # --- plans: CUDA graphs for steps of one token (graphs.py) --------------------------------
+
+    def _bind_graph(self, graph: "Graph") -> list[BoundCall]:
+        """Each computing node's call, a norm and the MUL after it fused (fusion.py)."""
+        with self._compute_scope():
+            return bind_nodes(self, computing_nodes(graph), self.bind)
 
     def _graph_plan_create(self, graph: "Graph") -> GraphPlan:
         return CapturedPlan(self, graph, self._bind_graph(graph),

@@ -13,9 +13,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from polydev.ops import (FlashAttnParams, FlashAttnSources, NormParams, Op, RopeMode, RopeParams,
-                         RopeSources, SoftMaxParams, SoftMaxSources, alibi_params, yarn_corr_dims,
-                         yarn_mscale, yarn_ramp_width)
+from polydev.ops import (FlashAttnParams, FlashAttnSources, GluParams, NormParams, Op, RopeMode,
+                         RopeParams, RopeSources, SoftMaxParams, SoftMaxSources, alibi_params,
+                         yarn_corr_dims, yarn_mscale, yarn_ramp_width)
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -48,6 +48,7 @@ FLASH_ATTN_MIN_SPLIT_CELLS = 32
 FLASH_ATTN_MAX_SPLITS = 64        # attention.cu's FA_MAX_SPLITS
 SET_ROWS_KINDS = {F32: 0, F16: 1, BF16: 2}
 NORM_KINDS = {Op.NORM: 0, Op.RMS_NORM: 1, Op.L2_NORM: 2}
+BINARY_KINDS = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}     # elementwise.cu's BIN_*
 
 
 class Launcher(Protocol):
@@ -133,6 +134,17 @@ def flash_attn_vec_ok(node: Tensor) -> bool:
         and (mask is None or mask.type == F16) and (sinks is None or sinks.type == F32))
 
 
+def binary_ok(node: Tensor) -> bool:
+    a, b = node.src[0], node.src[1]
+    return (node.type == a.type == b.type == F32 and node.ne == a.ne
+        and all(n % m == 0 for n, m in zip(a.ne, b.ne)))
+
+
+def glu_ok(node: Tensor) -> bool:
+    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    return node.type == a.type == F32 and (b is None or b.type == F32)
+
+
 def rope_ok(node: Tensor) -> bool:
     x, pos, ff = RopeSources.of(node)
     params = RopeParams.of(node)
@@ -174,7 +186,23 @@ def bind_get_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:
                            checks_indices=True)
 
 
-def _row_geometry(t: Tensor) -> tuple[tuple[int, int, int], tuple[int]]:
+def bind_binary(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    a, b = node.src[0], node.src[1]
+    args = (tensor_args(launcher, a) + tensor_args(launcher, b) + tensor_args(launcher, node)
+        + [np.int32(BINARY_KINDS[node.op])])
+    return launcher.launch("binary_f32", *row_geometry(node), args)
+
+
+def bind_glu(launcher: Launcher, node: Tensor) -> Callable[[], None]:
+    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    params = GluParams.of(node)
+    args = (tensor_args(launcher, a) + tensor_args(launcher, b) + tensor_args(launcher, node)
+        + [np.int32(params.fn), np.int32(b is not None), np.int32(params.swapped),
+           np.float32(params.alpha), np.float32(params.limit)])
+    return launcher.launch("glu_f32", *row_geometry(node), args)
+
+
+def row_geometry(t: Tensor) -> tuple[tuple[int, int, int], tuple[int]]:
     """One block per row; a thread per 4 values of it, in whole warps up to 1024."""
     return (t.ne[1], t.ne[2], t.ne[3]), (_warps(math.ceil(t.ne[0] / 4), 1024),)
 
@@ -183,7 +211,7 @@ def bind_norm(launcher: Launcher, node: Tensor) -> Callable[[], None]:
     src = node.src[0]
     args = (tensor_args(launcher, src) + tensor_args(launcher, node)
         + [np.float32(NormParams.of(node).eps), np.int32(NORM_KINDS[node.op])])
-    return launcher.launch("norm_f32", *_row_geometry(src), args)
+    return launcher.launch("norm_f32", *row_geometry(src), args)
 
 
 def bind_soft_max(launcher: Launcher, node: Tensor) -> Callable[[], None]:
@@ -196,7 +224,7 @@ def bind_soft_max(launcher: Launcher, node: Tensor) -> Callable[[], None]:
         + tensor_args(launcher, sinks) + tensor_args(launcher, node)
         + [np.float32(scale), np.float32(max_bias), m0, m1, np.int32(n_head_log2),
            np.int32(mask_type), np.int32(sinks is not None)])
-    return launcher.launch("soft_max_f32", *_row_geometry(src), args)
+    return launcher.launch("soft_max_f32", *row_geometry(src), args)
 
 
 def bind_set_rows(launcher: Launcher, node: Tensor) -> Callable[[], None]:

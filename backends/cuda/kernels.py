@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Hashable
 
 from polydev.kernels import Kernel, KernelTable
-from polydev.ops import Op
+from polydev.ops import GluOp, Op
 from polydev.tensor import Tensor
 
 from polydev.backends.array import TABLE as ARRAY_TABLE
@@ -29,6 +29,8 @@ OWN_KERNELS: dict[Hashable, Kernel] = {
     Op.ROPE: Kernel(binders.rope_ok, binders.bind_rope),
     Op.SET_ROWS: Kernel(binders.set_rows_ok, binders.bind_set_rows),
     Op.FLASH_ATTN_EXT: Kernel(binders.flash_attn_vec_ok, binders.bind_flash_attn_vec),
+    **{op: Kernel(binders.binary_ok, binders.bind_binary) for op in binders.BINARY_KINDS},
+    **{(Op.GLU, fn): Kernel(binders.glu_ok, binders.bind_glu) for fn in GluOp},
 }
 
 # array kernels that replace the shared ones where they apply

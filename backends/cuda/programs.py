@@ -15,7 +15,8 @@ from polydev.kernel_build import compile_cached
 from polydev.probes import error_lines
 
 SOURCE_DIR = Path(__file__).with_name("cu")
-SOURCE_FILES = ("common.cuh", "quant.cu", "rows.cu", "rope.cu", "attention.cu")
+SOURCE_FILES = ("common.cuh", "quant.cu", "rows.cu", "rope.cu", "attention.cu",
+                "elementwise.cu")
 
 
 def kernel_source() -> str:
@@ -63,11 +64,16 @@ def _architecture(props: dict) -> str:
     return f"sm_{props.get('major', 0)}{props.get('minor', 0)}"
 
 
+def nvrtc_options(architecture: str) -> list[str]:
+    """NVRTC's options for the module on a GPU of ``architecture`` ("sm_90")."""
+    return ["--std=c++17", f"--gpu-architecture={architecture}"]
+
+
 def compile_module(cupy: Any, device_id: int) -> Path:
     """The cubin of the ``cu/`` sources for the GPU's architecture: NVRTC's build, through
     ``compile_cached`` (a CompileError with NVRTC's log where it fails)."""
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
-    options = ["--std=c++17", f"--gpu-architecture={_architecture(props)}"]
+    options = nvrtc_options(_architecture(props))
     source, what = kernel_source(), f"the CUDA kernels for {gpu_name(props)}"
     nvrtc = cupy.cuda.nvrtc
 

@@ -3,10 +3,10 @@
 // cells in tiles of FA_TILE. Where rows and heads are too few to fill the GPU (one token of
 // 32 heads is 32 blocks), the cells are split among blocks that each write their running max,
 // sum and unnormalized output to a scratch buffer, and flash_attn_ext_combine merges them
-// (flash decoding, ggml's parallel blocks). Each warp scores one cell at a time (lanes over the head's channels, then a
-// shuffle sum); the tile's weights are staged in shared memory, and each thread accumulates
-// its output channels over the tile with an online softmax: a running max and sum, the
-// accumulator rescaled when the max grows, as ggml's kernels do. A masked cell (-inf) reads
+// (flash decoding, ggml's parallel blocks). Each warp scores one cell at a time (lanes over
+// the head's channels, then a shuffle sum); the tile's weights are staged in shared memory,
+// and each thread accumulates its output channels over the tile with an online softmax: a
+// running max and sum, the accumulator rescaled when the max grows, as ggml's kernels do. A masked cell (-inf) reads
 // neither K nor V, which keeps a cache shared by many sequences cheap to attend over.
 // Larger batches of queries go to the batched products of the array kernels.
 
@@ -25,6 +25,7 @@ __device__ __forceinline__ void fa_scores(TENSOR(k), const float * q, const char
                                           float scale, float softcap, float slope, int k_f16,
                                           float * p) {
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+#pragma unroll 4
     for (int jj = warp; jj < n; jj += n_warps) {      // a warp's cells: the same for its lanes
         int j = t0 + jj;
         float bias = mask_row ? slope * f16_at((const u8 *) (mask_row + j * mask_nb0)) : 0.0f;
@@ -100,6 +101,7 @@ extern "C" __global__ void flash_attn_ext_vec(TENSOR(q), TENSOR(k), TENSOR(v), T
         m = m_new;
         for (int i = 0, d = threadIdx.x; d < v_ne0; i++, d += blockDim.x) {
             float a = acc[i] * corr;
+#pragma unroll 8                           // the cells' loads in flight together
             for (int jj = 0; jj < n; jj++) {
                 if (p[jj] != 0.0f) a += p[jj] * kv_at(ROW(v, t0 + jj, hv, s), d, v_f16);
             }

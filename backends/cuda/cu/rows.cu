@@ -2,8 +2,12 @@
 // warp shuffles and a 32-float __shared__ scratch. Sources and results are f32 and may be
 // strided (ADDR).
 
-// NORM (kind 0), RMS_NORM (kind 1) and L2_NORM (kind 2: x / max(|x|, eps)), ggml's formulas
-extern "C" __global__ void norm_f32(TENSOR(src0), TENSOR_OUT(dst), float eps, int kind) {
+// NORM (kind 0), RMS_NORM (kind 1) and L2_NORM (kind 2: x / max(|x|, eps)), ggml's formulas;
+// with `has_mul`, also prod = dst * w, w repeated over dst's shape (the MUL that follows a
+// norm in every transformer layer, fused as ggml-cuda fuses it: the norm's row is still in
+// registers, and a launch is saved).
+__device__ __forceinline__ void norm_row(TENSOR(src0), TENSOR_OUT(dst), float eps, int kind,
+                                         TENSOR(w), TENSOR_OUT(prod), int has_mul) {
     __shared__ float scratch[32];
     int i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z, n = src0_ne0;
     float mean = 0.0f;
@@ -21,10 +25,27 @@ extern "C" __global__ void norm_f32(TENSOR(src0), TENSOR_OUT(dst), float eps, in
     }
     float sum2 = block_sum(s2, scratch);
     float scale = kind == 2 ? 1.0f / fmaxf(sqrtf(sum2), eps) : 1.0f / sqrtf(sum2 / n + eps);
+    const char * w_row = has_mul ? ROW(w, i1 % w_ne1, i2 % w_ne2, i3 % w_ne3) : 0;
     for (int i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
         float x = *(const float *) ADDR(src0, i0, i1, i2, i3);
-        *(float *) ADDR(dst, i0, i1, i2, i3) = (x - mean) * scale;
+        float y = (x - mean) * scale;
+        *(float *) ADDR(dst, i0, i1, i2, i3) = y;
+        if (has_mul) {
+            *(float *) ADDR(prod, i0, i1, i2, i3) =
+                y * *(const float *) (w_row + (i0 % w_ne0) * w_nb0);
+        }
     }
+}
+
+extern "C" __global__ void norm_f32(TENSOR(src0), TENSOR_OUT(dst), float eps, int kind) {
+    norm_row(TENSOR_ARGS(src0), TENSOR_ARGS(dst), eps, kind, 0, 1, 1, 1, 1, 0, 0, 0, 0,
+             0, 1, 1, 1, 1, 0, 0, 0, 0, 0);
+}
+
+extern "C" __global__ void norm_mul_f32(TENSOR(src0), TENSOR_OUT(dst), float eps, int kind,
+                                        TENSOR(w), TENSOR_OUT(prod)) {
+    norm_row(TENSOR_ARGS(src0), TENSOR_ARGS(dst), eps, kind, TENSOR_ARGS(w), TENSOR_ARGS(prod),
+             1);
 }
 
 __device__ __forceinline__ float mask_at(const char * p, int mask_type) {
