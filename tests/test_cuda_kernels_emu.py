@@ -314,3 +314,12 @@ def test_a_norm_is_not_fused_with_a_mul_of_something_else():
     assert fusion.norm_then_mul(normed, ops.mul(ctx, normed, x))
     assert not fusion.norm_then_mul(normed, ops.mul(ctx, x, normed))      # not its first operand
     assert not fusion.norm_then_mul(normed, ops.add(ctx, normed, x))
+
+
+def test_row_kernels_leave_what_a_grid_cannot_hold_to_the_array_kernels():
+    ctx = Context()
+    tall = ctx.new_tensor(GGMLType.F32, [4, 1, 70000])
+    assert find_own_kernel(ops.add(ctx, tall, tall)) is None
+    assert find_own_kernel(ops.rms_norm(ctx, tall, 1e-5)) is None
+    fits = ctx.new_tensor(GGMLType.F32, [4, 1, 65535])
+    assert find_own_kernel(ops.add(ctx, fits, fits)) is not None

@@ -85,6 +85,12 @@ def _warps(n: int, most: int) -> int:
 
 # --- type rules ----------------------------------------------------------------------------------
 
+def rows_fit_a_grid(t: Tensor) -> bool:
+    """Whether a kernel of one block per row (grid (ne1, ne2, ne3)) can launch over ``t``: a
+    grid's second and third sizes stop at 65535."""
+    return t.ne[2] <= 65535 and t.ne[3] <= 65535
+
+
 def _unit_rows(t: Tensor) -> bool:
     """Rows of contiguous elements (block formats: whole blocks)."""
     return t.is_contiguous_rows()
@@ -111,7 +117,7 @@ def get_rows_ok(node: Tensor) -> bool:
 
 
 def norm_ok(node: Tensor) -> bool:
-    return node.type == F32 and node.src[0].type == F32
+    return node.type == F32 and node.src[0].type == F32 and rows_fit_a_grid(node)
 
 
 def soft_max_ok(node: Tensor) -> bool:
@@ -137,12 +143,13 @@ def flash_attn_vec_ok(node: Tensor) -> bool:
 def binary_ok(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     return (node.type == a.type == b.type == F32 and node.ne == a.ne
-        and all(n % m == 0 for n, m in zip(a.ne, b.ne)))
+        and all(n % m == 0 for n, m in zip(a.ne, b.ne)) and rows_fit_a_grid(node))
 
 
 def glu_ok(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
-    return node.type == a.type == F32 and (b is None or b.type == F32)
+    return (node.type == a.type == F32 and (b is None or b.type == F32)
+        and rows_fit_a_grid(node))
 
 
 def rope_ok(node: Tensor) -> bool:
