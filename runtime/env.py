@@ -72,6 +72,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("POLYDEV_CPU_NATIVE", int, 1, 0, 1),
     Variable("POLYDEV_CPU_KERNELS"),
     Variable("POLYDEV_OP_OFFLOAD_MIN_BATCH", int, 32, 0),
+    Variable("POLYDEV_CUDA_GRAPHS", int, 1, 0, 1),
     Variable("POLYDEV_RAY_ADDRESS"),
     Variable("POLYDEV_RAY_TIMEOUT", float, 60.0, 0.001),
     Variable("POLYDEV_RAY_CPUS", int, 1, 0),

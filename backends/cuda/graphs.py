@@ -24,10 +24,10 @@ and released with it.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from polydev.device import BoundCall, GraphPlan
+from polydev.env import env_int
 from polydev.inflight import KernelErrorFlags
 from polydev.ops import Op
 
@@ -42,8 +42,8 @@ WARMUP_COMPUTES = 1            # computes call by call before a plan is captured
 
 
 def graphs_enabled() -> bool:
-    """Whether plans become CUDA graphs (``POLYDEV_CUDA_GRAPHS``, on unless "0")."""
-    return os.environ.get(GRAPHS_ENV, "1").strip() != "0"
+    """Whether plans become CUDA graphs (``POLYDEV_CUDA_GRAPHS``: 1, the default, or 0)."""
+    return env_int(GRAPHS_ENV) == 1
 
 
 def one_token_step(graph: "Graph") -> bool:
