@@ -12,8 +12,9 @@ decodes a few warm-up tokens, which captures the step's CUDA graph. Then:
 - each bound call of the CUDA plans on its own, captured ``REPEATS`` times into a graph of its
   own so that its time is the GPU's alone (no launch gaps), grouped by op and by the name of
   the tensor it computes (a product: its weight's) with the layer number taken out, as
-  bench/decode_profile.py groups the CPU's; bytes are what the call reads and writes (a
-  product: its weight and the rest; MUL_MAT_ID: the whole expert stack), GB/s bytes over time.
+  bench/decode_profile.py groups the CPU's (a norm fused with its MUL counts the MUL's work);
+  bytes are what the call reads and writes (a product: its weight and the rest; MUL_MAT_ID:
+  the whole expert stack), GB/s bytes over time.
 Without a CUDA device it stops at once with one line.
 """
 
@@ -26,6 +27,7 @@ import sys
 import time
 from collections import defaultdict
 
+from polydev.backends.cuda.fusion import fused_away
 from polydev.device import computing_nodes
 from polydev.tools.table import format_table
 
@@ -111,6 +113,8 @@ def _per_call(model, plans) -> dict[str, list[float]]:
 
     def profile(plan) -> None:
         for node, call in zip(computing_nodes(plan.graph), plan.calls):
+            if call is fused_away:                   # its time is the node before it's
+                continue
             row = groups[_group(node)]
             row[0] += 1
             row[1] += _gpu_time(plan.backend, call)
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = sorted(groups.items(), key=lambda kv: -kv[1][1])
     print(format_table(["op", "calls", "µs a step", "share", "µs a call", "GB/s"],
                        [(name, int(n), f"{t * 1e6:.1f}", f"{t / total:.1%}",
-                         f"{t / n * 1e6:.2f}", f"{b / t / 1e9:.0f}")
+                         f"{t / n * 1e6:.2f}", f"{b / max(t, 1e-9) / 1e9:.0f}")
                         for name, (n, t, b) in rows]))
     return 0
 

@@ -226,8 +226,7 @@ llama() {
 decode() {
     require_gpu
     step setup 120 install_polydev || { summary; exit 1; }
-    step tests 60 "python3 -m pytest -q -m cuda -k 'not compare' tests/test_cuda.py \
-tests/test_cuda_graphs.py"
+    step tests 60 "python3 -m pytest -q -m cuda -k 'not compare' tests/test_cuda.py"
     local anchor=""
     if [ -f "$GPU_DIR/$LLAMA_BENCH_ARCHIVE" ] && build_llama_bench >>"$OUT/setup.log" 2>&1; then
         anchor="--llama-bench '$LLAMA_BENCH'"

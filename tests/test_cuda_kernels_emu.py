@@ -291,7 +291,7 @@ def _norm_then_mul(backend, norm_op: str, fused: bool, rng) -> list[np.ndarray]:
         w.set_data(rng.standard_normal(96).astype(np.float32))
         if fused:
             calls = fusion.bind_nodes(backend.launcher, computing_nodes(graph), backend.bind)
-            assert calls[1] is fusion._nothing        # the MUL: done by the norm's kernel
+            assert calls[1] is fusion.fused_away      # the MUL: done by the norm's kernel
             for call in calls:
                 call()
         else:
@@ -323,3 +323,25 @@ def test_row_kernels_leave_what_a_grid_cannot_hold_to_the_array_kernels():
     assert find_own_kernel(ops.rms_norm(ctx, tall, 1e-5)) is None
     fits = ctx.new_tensor(GGMLType.F32, [4, 1, 65535])
     assert find_own_kernel(ops.add(ctx, fits, fits)) is not None
+
+
+def test_a_norm_is_fused_only_with_memory_that_keeps_apart(emu):
+    ctx = Context()
+    big = ctx.new_tensor(GGMLType.F32, [64 * 5])
+    with alloc_ctx_tensors(ctx, emu):
+        rows = ops.view_2d(ctx, big, 64, 2, 256, 0)            # rows 0 and 1
+        shifted = ops.view_2d(ctx, big, 64, 2, 256, 256)       # rows 1 and 2
+        apart = ops.view_2d(ctx, big, 64, 2, 256, 512)         # rows 2 and 3
+        assert fusion.apart_or_alike(emu.launcher, rows, rows)
+        assert fusion.apart_or_alike(emu.launcher, rows, apart)
+        assert not fusion.apart_or_alike(emu.launcher, rows, shifted)
+        normed = ops.rms_norm(ctx, rows, 1e-5)
+        normed.buffer, normed.offset = big.buffer, 512          # the norm's result in rows 2-3
+        weight = ops.view_1d(ctx, big, 64, 1024)                # row 4
+        product = ops.mul(ctx, normed, weight)
+        product.buffer, product.offset = big.buffer, 256        # over the source's second row
+        assert not fusion.fusable_memory(emu.launcher, normed, product)
+        product.offset = 0                                      # the source itself: fine
+        assert fusion.fusable_memory(emu.launcher, normed, product)
+        product.offset = 1024 - 256                             # over the weight: not
+        assert not fusion.fusable_memory(emu.launcher, normed, product)

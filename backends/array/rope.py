@@ -50,31 +50,47 @@ def section_plan(mode: int, sections, n_pairs: int) -> tuple[np.ndarray, np.ndar
     return which, steps
 
 
-def rope_thetas(xp, pos, mode: int, n_dims: int, n_pairs: int, freq_base: float, sections):
+class RopeTables:
+    """What the angles need besides the positions, made once when a ROPE is bound, in the
+    array module's memory: a multi-section rope's stream and step per pair, YaRN's ramp. A
+    bound call then uploads nothing (a CUDA graph replays a call's kernels, not its host
+    work, so an upload from host memory at call time would replay stale)."""
+
+    def __init__(self, xp, mode: int, n_dims: int, n_pairs: int, params: RopeParams) -> None:
+        self.sections = None
+        if mode & RopeMode.MROPE:
+            which, steps = section_plan(mode, params.sections, n_pairs)
+            self.sections = (xp.asarray(which), xp.asarray(steps))
+        self.ramp_mix = None
+        n_ctx_orig, freq_base, _, ext_factor, _, beta_fast, beta_slow = params.yarn
+        if ext_factor != 0.0:
+            low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+            width = np.float32(yarn_ramp_width(low, high))
+            y = (np.arange(n_pairs, dtype=np.float32) - np.float32(low)) / width
+            ramp_mix = (1 - np.minimum(1, np.maximum(0, y))) * np.float32(ext_factor)
+            self.ramp_mix = xp.asarray(ramp_mix.astype(np.float32))
+
+
+def rope_thetas(xp, pos, n_dims: int, n_pairs: int, freq_base: float, tables: RopeTables):
     """The unscaled angle of every (token, pair): (n_tokens, n_pairs) float32."""
     theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
-    if not mode & RopeMode.MROPE:
+    if tables.sections is None:
         return _running_thetas(xp, pos, n_pairs, theta_scale)
     per_stream = _running_thetas(xp, pos.reshape(4, -1), n_pairs, theta_scale)  # (4, tokens, pairs)
-    which, steps = section_plan(mode, sections, n_pairs)
-    return per_stream[xp.asarray(which), :, xp.asarray(steps)].T
+    which, steps = tables.sections
+    return per_stream[which, :, steps].T
 
 
-def rope_cos_sin(xp, theta_extrap, n_dims: int, params: RopeParams, freq_factors=None):
+def rope_cos_sin(xp, theta_extrap, params: RopeParams, tables: RopeTables, freq_factors=None):
     """cos and sin of every (token, pair) angle from the unscaled angles, float32."""
-    n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = params.yarn
+    _, _, freq_scale, ext_factor, attn_factor, _, _ = params.yarn
     n_pairs = theta_extrap.shape[-1]
     if freq_factors is not None:
         theta_extrap /= freq_factors[:n_pairs]
     theta = theta_extrap * xp.float32(freq_scale)
     mscale = yarn_mscale(attn_factor, freq_scale, ext_factor)
-    if ext_factor != 0.0:
-        low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
-        width = np.float32(yarn_ramp_width(low, high))
-        y = (np.arange(n_pairs, dtype=np.float32) - np.float32(low)) / width
-        ramp_mix = (1 - np.minimum(1, np.maximum(0, y))) * np.float32(ext_factor)
-        ramp_mix = xp.asarray(ramp_mix.astype(np.float32))
-        theta = theta * (1 - ramp_mix) + theta_extrap * ramp_mix
+    if tables.ramp_mix is not None:
+        theta = theta * (1 - tables.ramp_mix) + theta_extrap * tables.ramp_mix
     return xp.cos(theta) * mscale, xp.sin(theta) * mscale
 
 
@@ -103,9 +119,11 @@ def bind_rope(env, node: Tensor) -> Callable[[], None]:
     passthrough = [s for s in (slice(0, n_offs), slice(rot.stop, ne0)) if s.stop > s.start]
     inplace = same_memory(node, node.src[0])
 
+    tables = RopeTables(xp, mode, n_dims, n_pairs, params)
+
     def angles():
-        thetas = rope_thetas(xp, pos, mode, n_dims, n_pairs, params.freq_base, sections)
-        return rope_cos_sin(xp, thetas, n_dims, params, freq_factors)
+        thetas = rope_thetas(xp, pos, n_dims, n_pairs, params.freq_base, tables)
+        return rope_cos_sin(xp, thetas, params, tables, freq_factors)
     # every ROPE of a step with these parameters reads the same positions: they share one
     # computation of the angles where the backend can tell the inputs are unchanged
     key = ("rope", mode, n_dims, n_pairs, params.yarn, sections)

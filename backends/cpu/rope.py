@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from polydev.backends.array.env import same_memory
-from polydev.backends.array.rope import rope_cos_sin, rope_thetas
+from polydev.backends.array.rope import RopeTables, rope_cos_sin, rope_thetas
 from polydev.ops import Op, RopeMode, RopeParams, RopeSources
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
@@ -39,9 +39,11 @@ def bind_native_rope(env, node: Tensor) -> Callable[[], None]:
     pos = env.view(pos_t).reshape(-1)
     freq_factors = env.view(ff_t).reshape(-1) if ff_t is not None else None
 
+    tables = RopeTables(np, mode, n_dims, half, params)
+
     def angles():
-        thetas = rope_thetas(np, pos, mode, n_dims, half, params.freq_base, sections)
-        cos, sin = rope_cos_sin(np, thetas, n_dims, params, freq_factors)
+        thetas = rope_thetas(np, pos, n_dims, half, params.freq_base, tables)
+        cos, sin = rope_cos_sin(np, thetas, params, tables, freq_factors)
         cos = np.ascontiguousarray(cos, dtype=np.float32)
         sin = np.ascontiguousarray(sin, dtype=np.float32)
         # the addresses too: an array's .ctypes took about 3 µs, as long as the rotation

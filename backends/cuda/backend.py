@@ -129,8 +129,8 @@ class CUDABackend(Backend):
         return call
 
     def scratch(self, nbytes: int) -> tuple[int, Any]:
-        with self.cupy.cuda.Device(self.device.index):
-            memory = self.cupy.cuda.alloc(nbytes)      # CuPy's pool: freed with the call
+        with self.on_stream():          # the pool's memory of this stream: freed in its order
+            memory = self.cupy.cuda.alloc(nbytes)
         return memory.ptr, memory
 
     # --- data movement --------------------------------------------------------------------------

@@ -143,11 +143,16 @@ def flash_attn_vec_ok(node: Tensor) -> bool:
 def binary_ok(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     return (node.type == a.type == b.type == F32 and node.ne == a.ne
-        and all(n % m == 0 for n, m in zip(a.ne, b.ne)) and rows_fit_a_grid(node))
+        and all(m > 0 and n % m == 0 for n, m in zip(a.ne, b.ne)) and rows_fit_a_grid(node))
+
+
+def _glu_sources(node: Tensor) -> tuple[Tensor, Tensor | None]:
+    """A GLU's source, and its gate where it is a tensor of its own."""
+    return node.src[0], node.src[1] if len(node.src) > 1 else None
 
 
 def glu_ok(node: Tensor) -> bool:
-    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    a, b = _glu_sources(node)
     return (node.type == a.type == F32 and (b is None or b.type == F32)
         and rows_fit_a_grid(node))
 
@@ -157,7 +162,7 @@ def rope_ok(node: Tensor) -> bool:
     params = RopeParams.of(node)
     return (params.mode in (RopeMode.NORMAL, RopeMode.NEOX) and params.n_offs == 0
         and node.type in (F32, F16) and x.type == node.type
-        and pos.type == I32 and (ff is None or ff.type == F32))
+        and pos.type == I32 and (ff is None or ff.type == F32) and rows_fit_a_grid(x))
 
 
 # --- binders -------------------------------------------------------------------------------------
@@ -201,7 +206,7 @@ def bind_binary(launcher: Launcher, node: Tensor) -> Callable[[], None]:
 
 
 def bind_glu(launcher: Launcher, node: Tensor) -> Callable[[], None]:
-    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    a, b = _glu_sources(node)
     params = GluParams.of(node)
     args = (tensor_args(launcher, a) + tensor_args(launcher, b) + tensor_args(launcher, node)
         + [np.int32(params.fn), np.int32(b is not None), np.int32(params.swapped),
@@ -279,10 +284,9 @@ def bind_flash_attn_vec(launcher: Launcher, node: Tensor) -> Callable[[], None]:
         tensor_args(launcher, sinks) + tensor_args(launcher, node)
         + [partial, np.int32(n_splits), np.int32(sinks is not None)])
 
-    def call() -> None:
+    def call(partials=kept) -> None:    # the partial results live as long as the call
         attend()
         combine()
-    call.scratch = kept          # the partial results live as long as the call
     return call
 
 

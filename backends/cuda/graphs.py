@@ -3,10 +3,11 @@
 Replaying a plan from Python costs each node its launch (about 8 µs on the host for a raw
 kernel, 11 µs for a CuPy array kernel, on an H200's host): a 1B-class decode step of 155 nodes
 spent 2.7 ms enqueuing. Captured once with CuPy's stream capture, the same step is one graph
-launch of about 10 µs. What a bound call reads changes between steps only through memory (the
-token ids, positions, KV cell indices and masks are written into the same input tensors each
-step; a plan's memory key, runtime/sched_plans.py, is the same exactly when the bytes it binds
-are), so a graph replays a plan as faithfully as its calls do.
+launch of about 10 µs. What a bound call does on the GPU changes between steps only through
+memory (the token ids, positions, KV cell indices and masks are written into the same input
+tensors each step; a plan's memory key, runtime/sched_plans.py, is the same exactly when the
+bytes it binds are; what a call derives on the host from its op's parameters is uploaded when
+it is bound, never when it runs), so a graph replays a plan as faithfully as its calls do.
 
 As in ggml-cuda: graphs for steps of one token only (a product of more columns, a prompt, runs
 call by call: its kernels dwarf its launches, and cuBLAS may allocate while it runs), a plan
@@ -47,10 +48,11 @@ def graphs_enabled() -> bool:
 
 
 def one_token_step(graph: "Graph") -> bool:
-    """Whether every product of ``graph`` multiplies a single column (one token): the steps
-    ggml-cuda captures."""
+    """Whether every product of ``graph`` multiplies single columns (one token; a batch of
+    matrices, as the heads of DeepSeek's absorbed attention, still one column each): the
+    steps ggml-cuda captures."""
     for node in graph.nodes:
-        if node.op == Op.MUL_MAT and node.src[1].nrows > 1:
+        if node.op == Op.MUL_MAT and node.src[1].ne[1] > 1:
             return False
         if node.op == Op.MUL_MAT_ID and node.src[1].ne[2] > 1:
             return False

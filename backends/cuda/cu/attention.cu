@@ -6,8 +6,9 @@
 // (flash decoding, ggml's parallel blocks). Each warp scores one cell at a time (lanes over
 // the head's channels, then a shuffle sum); the tile's weights are staged in shared memory,
 // and each thread accumulates its output channels over the tile with an online softmax: a
-// running max and sum, the accumulator rescaled when the max grows, as ggml's kernels do. A masked cell (-inf) reads
-// neither K nor V, which keeps a cache shared by many sequences cheap to attend over.
+// running max and sum, the accumulator rescaled when the max grows, as ggml's kernels do. A
+// masked cell (-inf) reads neither K nor V, which keeps a cache shared by many sequences cheap
+// to attend over.
 // Larger batches of queries go to the batched products of the array kernels.
 
 #define FA_THREADS 128
