@@ -76,6 +76,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("POLYDEV_RAY_ADDRESS"),
     Variable("POLYDEV_RAY_TIMEOUT", float, 60.0, 0.001),
     Variable("POLYDEV_RAY_CPUS", int, 1, 0),
+    Variable("POLYDEV_RAY_HEARTBEAT", float, 5.0, 0.05),
     Variable("POLYDEV_OPENCL_PLATFORM"),
     Variable("POLYDEV_OPENCL_DEVICE"),
     Variable("POLYDEV_CACHE_DIR"),

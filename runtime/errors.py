@@ -91,6 +91,11 @@ class MissingDependencyError(PolydevError, ImportError):
     """An optional package a feature needs is not installed; the message says which extra."""
 
 
+class WireError(InvalidArgumentError):
+    """What a remote device received is not what polydev sends (a malformed graph or
+    transfer); the message names the tensor and the field. Nothing of it was kept."""
+
+
 class RemoteDeviceError(PolydevError, RuntimeError):
     """A remote device failed to answer: its actor died, its node was lost, a call timed out,
     or the two sides' polydev differ. The message names the device."""

@@ -252,6 +252,49 @@ def test_without_ray_connecting_says_which_extra_to_install():
 
 
 
+def test_a_malformed_graph_or_transfer_is_refused_before_anything_is_made(remote):
+    """What an actor receives is checked field by field: each malformed message is a
+    WireError naming what is wrong, and the actor keeps nothing of it."""
+    from polydev.backends.ray.calls import wait
+    from polydev.backends.ray.wire import graph_fields
+    from polydev.errors import WireError
+
+    cpu = remote[0]
+    ctx = Context()
+    a = ctx.new_tensor(GGMLType.F32, (K,), "a")
+    b = ops.scale(ctx, a, 2.0)
+    with alloc_ctx_tensors(ctx, cpu.buffer_type) as buf:
+        table, nodes = graph_fields([b], lambda t: buf.remote_id)
+        leaf, node = table
+
+        def with_field(entry, index, value):
+            return entry[:index] + (value,) + entry[index + 1:]
+
+        malformed = {
+            "a graph is a": "import os; os.system('id')",
+            "type 999 is not a GGML type": ((with_field(leaf, 0, 999), node), nodes),
+            r"ne \(-1, 1, 1, 1\) is not 4 sizes": ((with_field(leaf, 1, (-1, 1, 1, 1)),
+                                                     node), nodes),
+            "sources must name tensors before it": ((leaf, with_field(node, 5, (1,))), nodes),
+            "op_params must be": ((leaf, with_field(node, 4, ("rm -rf /",))), nodes),
+            "buffer 12345 is not one of this device's": ((with_field(leaf, 8, 12345), node),
+                                                          nodes),
+            "pass the end of its buffer": ((with_field(leaf, 9, buf.size), node), nodes),
+            "node 0 names tensor 7": ((leaf, node), (7,)),
+        }
+        for plan_id, (message, fields) in enumerate(malformed.items(), start=10**6):
+            with pytest.raises(WireError, match=message):
+                wait(cpu, cpu.actor.plan_create.remote(plan_id, fields), "making a plan")
+            with pytest.raises(WireError, match="is not one of this device's"):
+                wait(cpu, cpu.actor.plan_compute.remote(plan_id), "computing a plan")
+        with pytest.raises(WireError, match="numpy array"):
+            wait(cpu, cpu.actor.write.remote(buf.remote_id, 0, b"bytes"), "writing")
+        a.set_data(np.ones(K, np.float32))            # the device still serves
+        with cpu.init_backend() as backend:
+            backend.graph_compute(build_graph(b))
+        np.testing.assert_array_equal(b.numpy().reshape(-1), np.full(K, 2, np.float32))
+
+
 def test_a_node_with_another_polydev_is_refused_saying_what_differs(remote, monkeypatch):
     from polydev.backends import ray as polydev_ray
     from polydev.backends.ray import actor
@@ -296,7 +339,7 @@ def test_a_killed_actor_is_a_typed_error_naming_the_device_and_the_rest_works(re
     ray.kill(victim.actor, no_restart=True)
     _wait_until_dead(victim.actor)                  # ray.kill returns before the actor is gone
     start = time.perf_counter()
-    with pytest.raises(RemoteDeviceError, match=f"{victim.name}: its actor is gone"):
+    with pytest.raises(RemoteDeviceError, match=f"{victim.name} is lost: its actor is gone"):
         victim.memory()
     assert time.perf_counter() - start < 20
     ctx = Context()

@@ -23,7 +23,9 @@ from polydev.env import env_int, env_text
 from polydev.errors import MissingDependencyError, RemoteDeviceError
 from polydev.registry import reg_once, registry
 
-__all__ = ["connect", "disconnect", "register"]
+from .heartbeat import heartbeat
+
+__all__ = ["connect", "disconnect", "node_labels", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +35,23 @@ _NOT_CONNECTED = ("not connected: set POLYDEV_RAY_ADDRESS (an address, or \"loca
 
 def _make_reg() -> Reg:
     if importlib.util.find_spec("ray") is None:
-        return Reg("Ray", unavailable_reason="ray is not installed; pip install 'polydev[ray]'")
+        return Reg("Ray", unavailable_reason="ray is not installed; pip install 'polydev[ray]'",
+                   procs=_PROCS)
     address = env_text("POLYDEV_RAY_ADDRESS")
     if address is None:
-        return Reg("Ray", unavailable_reason=_NOT_CONNECTED)
-    return Reg("Ray", _start_devices(address, None, {}))
+        return Reg("Ray", unavailable_reason=_NOT_CONNECTED, procs=_PROCS)
+    devices = _start_devices(address, None, {})
+    for device in devices:
+        heartbeat().watch(device)
+    return Reg("Ray", devices, procs=_PROCS)
 
 
+def _set_numerics(backend: Any, numerics: str) -> None:
+    """How the remote device computes (polydev.numerics), in its stream's order."""
+    backend.set_numerics(numerics)
+
+
+_PROCS = {"set_numerics": _set_numerics}
 register = reg_once(_make_reg)
 
 
@@ -48,17 +60,22 @@ def connect(address: str | None = "local", devices: Sequence[str] | None = None,
     """Join the Ray cluster at ``address`` ("local": start one on this machine; None: the
     one this process already joined), start an actor per device (only the device names in
     ``devices``, such as ["CPU", "OpenCL0"], when given) and register them. Returns the new
-    devices (a device connected before stays as it was). ``init_kwargs`` go to ``ray.init``."""
+    devices (a device connected before stays as it was, unless it was lost: a node that
+    returns replaces its lost devices). ``init_kwargs`` go to ``ray.init``."""
     found = _start_devices(address, devices, init_kwargs)     # MissingDependencyError first
     import ray
 
     reg = registry().register(register())
-    known = {d.name for d in reg.devices}
+    known = {d.name: d for d in reg.devices}
     for device in found:
-        if device.name in known:              # connected before: the first actor stays
+        before = known.get(device.name)
+        if before is not None and before.lost is None:   # connected: the first actor stays
             ray.kill(device.actor, no_restart=True)
             continue
+        if before is not None:
+            reg.devices.remove(before)
         reg.add_device(device)
+        heartbeat().watch(device)
     reg.unavailable_reason = None if reg.devices else "no devices were found on the cluster"
     return [d for d in found if d in reg.devices]
 
@@ -67,6 +84,7 @@ def disconnect() -> None:
     """Stop the actors of every Ray device and take the devices out of the registry."""
     import ray
 
+    heartbeat().stop()
     reg = registry().register(register())
     for device in reg.devices:
         ray.kill(device.actor, no_restart=True)
@@ -86,23 +104,48 @@ def _start_devices(address: str | None, names: Sequence[str] | None,
     if not ray.is_initialized():
         ray.init(address=None if address == "local" else address, **init_kwargs)
     wanted = None if names is None else {n.lower() for n in names}
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
     found: list[Device] = []
-    for node in ray.nodes():
-        if node.get("Alive"):
-            found += _node_devices(ray, node, wanted)
-    log.info("Ray: %d devices on %d nodes", len(found), len(ray.nodes()))
+    for node, label in node_labels(nodes):
+        found += _node_devices(ray, node, label, wanted)
+    log.info("Ray: %d devices on %d nodes", len(found), len(nodes))
     return found
 
 
-def _node_devices(ray: Any, node: dict, wanted: set[str] | None) -> list[Device]:
+def node_labels(nodes: Sequence[dict]) -> list[tuple[dict, str]]:
+    """Each alive node with the name its devices carry (``ray:<label>/<device>``), the head
+    first, then by name: the node's name (``ray start --node-name``, its address by default),
+    and where several nodes share one (nodes of one host), that name and the node manager's
+    port, so that no two devices are named alike."""
+    def order(node: dict) -> tuple:
+        head = "node:__internal_head__" in node.get("Resources", {})
+        return (not head, _node_name(node), node.get("NodeManagerPort", 0))
+
+    nodes = sorted(nodes, key=order)
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[_node_name(node)] = counts.get(_node_name(node), 0) + 1
+    shared = sorted(name for name, n in counts.items() if n > 1)
+    if shared:
+        log.warning("Ray: several nodes are named %s; their devices are told apart by port "
+                    "(ray start --node-name gives each node a name of its own)",
+                    ", ".join(shared))
+    return [(node, _node_name(node) if counts[_node_name(node)] == 1
+             else f"{_node_name(node)}:{node['NodeManagerPort']}") for node in nodes]
+
+
+def _node_name(node: dict) -> str:
+    return node.get("NodeName") or node["NodeManagerAddress"]
+
+
+def _node_devices(ray: Any, node: dict, label: str, wanted: set[str] | None) -> list[Device]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from .actor import DeviceActor, node_devices
+    from .actor import HEARTBEAT_GROUP, DeviceActor, node_devices
     from .calls import wait
 
-    ip = node["NodeManagerAddress"]
     here = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-    listed = wait(f"ray:{ip}", ray.remote(node_devices).options(
+    listed = wait(f"ray:{label}", ray.remote(node_devices).options(
         num_cpus=0, scheduling_strategy=here).remote(), "listing its devices")
     cpus = env_int("POLYDEV_RAY_CPUS")
     # (the device's name inside its actor, Ray's CPUs, Ray's GPUs): the probe's devices
@@ -110,13 +153,14 @@ def _node_devices(ray: Any, node: dict, wanted: set[str] | None) -> list[Device]
     # sees its GPU as CUDA0
     owned = [(e["name"], cpus, 0) for e in listed if not e["name"].startswith("CUDA")
              and (wanted is None or e["name"].lower() in wanted)]
+    owned = _fitting(owned, node, label, cpus)
     owned += [("CUDA0", 0, 1)] * int(node.get("Resources", {}).get("GPU", 0))
     devices = []
     for name, n_cpus, n_gpus in owned:
-        actor = ray.remote(DeviceActor).options(
+        actor = ray.remote(concurrency_groups={HEARTBEAT_GROUP: 1})(DeviceActor).options(
             num_cpus=n_cpus, num_gpus=n_gpus, scheduling_strategy=here,
             max_concurrency=1).remote(name)
-        device = _mirror(ip, actor)
+        device = _mirror(label, actor)
         if n_gpus and wanted is not None and device.remote_name.lower() not in wanted:
             ray.kill(actor, no_restart=True)
             continue
@@ -124,7 +168,20 @@ def _node_devices(ray: Any, node: dict, wanted: set[str] | None) -> list[Device]
     return devices
 
 
-def _mirror(ip: str, actor: Any) -> Device:
+def _fitting(owned: list[tuple[str, int, int]], node: dict, label: str,
+             cpus: int) -> list[tuple[str, int, int]]:
+    """The devices whose actors the node's CPUs can hold (an actor Ray cannot place would
+    leave its device waiting for the time-out); the rest are left out, saying why."""
+    node_cpus = node.get("Resources", {}).get("CPU", 0)
+    fit = len(owned) if cpus == 0 else int(node_cpus // cpus)
+    if fit < len(owned):
+        log.warning("Ray: node %s has %g CPUs, so it holds %d device actors of %d CPUs each "
+                    "(POLYDEV_RAY_CPUS); left out: %s", label, node_cpus, fit, cpus,
+                    ", ".join(name for name, _, _ in owned[fit:]))
+    return owned[:fit]
+
+
+def _mirror(node: str, actor: Any) -> Device:
     """The driver's side of one actor, once its polydev is found to match this one."""
     from .actor import catalogue
     from .calls import wait
@@ -133,17 +190,17 @@ def _mirror(ip: str, actor: Any) -> Device:
     import ray
 
     try:
-        info = wait(f"ray:{ip}", actor.info.remote(), "starting a device actor")
+        info = wait(f"ray:{node}", actor.info.remote(), "starting a device actor")
         mine, theirs = catalogue(), info["catalogue"]
         if mine != theirs:
             differs = [f"{key}: here {_short(mine[key])}, there {_short(theirs.get(key))}"
                        for key in mine if mine[key] != theirs.get(key)]
-            raise RemoteDeviceError(f"ray:{ip}/{info['name']}: polydev differs between this "
+            raise RemoteDeviceError(f"ray:{node}/{info['name']}: polydev differs between this "
                                     f"process and the node ({'; '.join(differs)})")
     except BaseException:
         ray.kill(actor, no_restart=True)          # an actor no device mirrors is not kept
         raise
-    return RayDevice(ip, actor, info)
+    return RayDevice(node, actor, info)
 
 
 def _short(value: Any) -> str:

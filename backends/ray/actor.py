@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DeviceActor", "catalogue"]
+from polydev.errors import WireError
+
+__all__ = ["HEARTBEAT_GROUP", "DeviceActor", "catalogue"]
+
+# the actor's second thread: heartbeats are answered there, never behind a computation (its
+# default group has one thread, so the device's calls still run one at a time, in order)
+HEARTBEAT_GROUP = "heartbeat"
 
 
 def catalogue() -> dict[str, Any]:
@@ -59,6 +65,7 @@ class DeviceActor:
     # --- what the driver mirrors ---------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
+        import ray
         from polydev.buffer import BufferType
         from polydev.hooks import overrides
 
@@ -68,7 +75,8 @@ class DeviceActor:
                 "description": self.device.description, "type": int(self.device.type),
                 "alignment": buft.alignment, "max_size": buft.max_size,
                 "pads_tensors": overrides(buft, BufferType, "_alloc_size"),
-                "free": free, "total": total, "pid": os.getpid()}
+                "free": free, "total": total, "pid": os.getpid(),
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def _public_name(self) -> str:
         """The device's name on its node: a GPU actor sees only the GPU Ray gave it (as
@@ -99,7 +107,28 @@ class DeviceActor:
     # --- buffers ----------------------------------------------------------------------------------
 
     def alloc(self, buffer_id: int, size: int) -> None:
+        if not isinstance(buffer_id, int) or buffer_id in self.buffers:
+            raise WireError(f"buffer id {buffer_id!r} is taken or not an id")
+        if not isinstance(size, int) or size < 0:
+            raise WireError(f"a buffer of {size!r} bytes: a size is a count of bytes")
         self.buffers[buffer_id] = self.device.buffer_type.alloc_buffer(size)
+
+    def _buffer(self, buffer_id: int) -> Any:
+        buffer = self.buffers.get(buffer_id) if isinstance(buffer_id, int) else None
+        if buffer is None:
+            raise WireError(f"buffer {buffer_id!r} is not one of this device's")
+        return buffer
+
+    def _plan(self, plan_id: int) -> Any:
+        plan = self.plans.get(plan_id) if isinstance(plan_id, int) else None
+        if plan is None:
+            raise WireError(f"plan {plan_id!r} is not one of this device's")
+        return plan
+
+    def set_usage(self, buffer_id: int, usage: int) -> None:
+        from polydev.buffer import BufferUsage
+
+        self._buffer(buffer_id).usage = BufferUsage(usage)
 
     def free(self, buffer_id: int) -> None:
         buf = self.buffers.pop(buffer_id, None)
@@ -109,8 +138,10 @@ class DeviceActor:
 
     def write(self, buffer_id: int, offset: int, data: np.ndarray, *after: Any) -> None:
         """Bytes into a buffer (``after``: events this write waits for, already resolved)."""
+        if not isinstance(data, np.ndarray):
+            raise WireError(f"a write carries bytes as a numpy array, not {type(data).__name__}")
         self.backend.synchronize()
-        view = _bytes_at(self.buffers[buffer_id], offset, data.nbytes)
+        view = _bytes_at(self._buffer(buffer_id), offset, data.nbytes)
         from polydev.buffer import tensor_set
 
         tensor_set(view, data)
@@ -136,36 +167,47 @@ class DeviceActor:
         self.backend.synchronize()
         from polydev.buffer import tensor_get
 
-        return tensor_get(_bytes_at(self.buffers[buffer_id], offset, size))
+        return tensor_get(_bytes_at(self._buffer(buffer_id), offset, size))
 
     def memset(self, buffer_id: int, value: int, offset: int, size: int) -> None:
         self.backend.synchronize()
         from polydev.buffer import tensor_memset
 
-        tensor_memset(_bytes_at(self.buffers[buffer_id], offset, size), value)
+        tensor_memset(_bytes_at(self._buffer(buffer_id), offset, size), value)
 
     def clear(self, buffer_id: int, value: int) -> None:
         self.backend.synchronize()
-        self.buffers[buffer_id].clear(value)
+        self._buffer(buffer_id).clear(value)
 
     def copy(self, src_id: int, src_offset: int, dst_id: int, dst_offset: int, size: int) -> None:
         """Within this device (both buffers are its own)."""
         self.backend.synchronize()
         from polydev.buffer import tensor_copy
 
-        tensor_copy(_bytes_at(self.buffers[src_id], src_offset, size),
-                    _bytes_at(self.buffers[dst_id], dst_offset, size))
+        tensor_copy(_bytes_at(self._buffer(src_id), src_offset, size),
+                    _bytes_at(self._buffer(dst_id), dst_offset, size))
 
     # --- compute ----------------------------------------------------------------------------------
 
+    def set_numerics(self, numerics: str) -> None:
+        """As the device's own reg says (a device with one way of computing has no proc)."""
+        reg = self.device.reg
+        proc = reg.get_proc_address("set_numerics") if reg is not None else None
+        if proc is not None:
+            proc(self.backend, numerics)
+
     def plan_create(self, plan_id: int, graph_fields: tuple) -> None:
         from .wire import graph_from
+        from .wire_checks import check_graph_fields
 
+        if plan_id in self.plans:
+            raise WireError(f"plan id {plan_id!r} is taken")
+        check_graph_fields(graph_fields, self.buffers)
         graph = graph_from(graph_fields, self.buffers)
         self.plans[plan_id] = self.backend.graph_plan_create(graph)
 
     def plan_compute(self, plan_id: int, *after: Any) -> None:
-        self.backend.graph_plan_compute(self.plans[plan_id])
+        self.backend.graph_plan_compute(self._plan(plan_id))
         self.backend.synchronize()
 
     def plan_free(self, plan_id: int) -> None:
@@ -178,6 +220,7 @@ class DeviceActor:
         self.backend.synchronize()
 
     def ping(self) -> int:
+        """The heartbeat (called on ``HEARTBEAT_GROUP``): this process's id."""
         return os.getpid()
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from polydev.buffer import host_bytes
 from polydev.device import Backend, Event, GraphPlan
 from polydev.errors import RemoteDeviceError
+from polydev.numerics import check_numerics
 from polydev.ops import VIEW_OPS, Op
 from polydev.tensor import Tensor
 
@@ -114,6 +115,10 @@ class RayBackend(Backend):
             out = reads.get(ref)
             if out is not None:
                 out[:] = result
+
+    def set_numerics(self, numerics: str) -> None:
+        """How the remote device computes (polydev.numerics), for the plans made after."""
+        self._submit(self.actor.set_numerics.remote(check_numerics(numerics)))
 
     # --- compute --------------------------------------------------------------------------------
 

@@ -1,19 +1,27 @@
 """Waiting on a remote device's calls: bounded by a time-out, faults as typed errors.
 
 Every blocking wait of the Ray backend goes through ``wait``: a call still running after
-``POLYDEV_RAY_TIMEOUT`` seconds (default 60), a dead actor or a lost node raises
-``RemoteDeviceError`` naming the device; a polydev error raised on the remote side is
-raised again here as itself, so a remote device fails the way a local one would.
+``POLYDEV_RAY_TIMEOUT`` seconds (default 60), a dead actor, or a device the heartbeat found
+lost (``heartbeat.py``: within ``POLYDEV_RAY_HEARTBEAT`` seconds) raises ``RemoteDeviceError``
+naming the device; a polydev error raised on the remote side is raised again here as itself,
+so a remote device fails the way a local one would.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from polydev.env import env_float
 from polydev.errors import PolydevError, RemoteDeviceError
 
+if TYPE_CHECKING:
+    from .device import RayDevice
+
 __all__ = ["timeout_s", "wait"]
+
+# how often a long wait looks whether the heartbeat found its device lost
+_LOOK_EVERY_S = 0.1
 
 
 def timeout_s() -> float:
@@ -21,26 +29,44 @@ def timeout_s() -> float:
     return env_float("POLYDEV_RAY_TIMEOUT")
 
 
-def wait(device_name: str, refs: Any, what: str) -> Any:
-    """``ray.get(refs)`` within the time-out, with Ray's faults turned into polydev's."""
+def wait(device: "RayDevice | str", refs: Any, what: str) -> Any:
+    """``ray.get(refs)`` within the time-out, with Ray's faults turned into polydev's.
+    ``device``: the device waited on (its name alone before the device exists)."""
     import ray
     from ray import exceptions as rex
 
+    name = device if isinstance(device, str) else device.name
     limit = timeout_s()
-    try:
-        return ray.get(refs, timeout=limit)
-    except rex.GetTimeoutError:
-        raise RemoteDeviceError(f"{device_name}: {what} did not finish within {limit:g} s "
-                                f"(POLYDEV_RAY_TIMEOUT); the device or its node may be "
-                                f"overloaded or lost") from None
-    except rex.RayActorError as e:
-        raise RemoteDeviceError(f"{device_name}: its actor is gone ({type(e).__name__}), so "
-                                f"{what} cannot run; the device is unusable") from None
-    except rex.RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, PolydevError):
-            raise cause from None
-        raise RemoteDeviceError(f"{device_name}: {what} failed on the remote side: "
-                                f"{type(cause).__name__ if cause else 'error'}: {cause}") from e
-    except rex.RayError as e:
-        raise RemoteDeviceError(f"{device_name}: {what} failed in Ray: {e}") from e
+    deadline = time.monotonic() + limit
+    while True:
+        _raise_if_lost(device, what)
+        try:
+            return ray.get(refs, timeout=max(0.0, min(_LOOK_EVERY_S,
+                                                      deadline - time.monotonic())))
+        except rex.GetTimeoutError:
+            if time.monotonic() < deadline:
+                continue
+            raise RemoteDeviceError(f"{name}: {what} did not finish within {limit:g} s "
+                                    f"(POLYDEV_RAY_TIMEOUT); the device or its node may be "
+                                    f"overloaded or lost") from None
+        except rex.RayActorError as e:
+            reason = f"its actor is gone ({type(e).__name__})"
+            if isinstance(device, str):
+                raise RemoteDeviceError(f"{name} is lost: {reason}; {what} cannot run on "
+                                        f"it") from None
+            device.mark_lost(reason)
+        except rex.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, PolydevError):
+                raise cause from None
+            raise RemoteDeviceError(f"{name}: {what} failed on the remote side: "
+                                    f"{type(cause).__name__ if cause else 'error'}: "
+                                    f"{cause}") from e
+        except rex.RayError as e:
+            raise RemoteDeviceError(f"{name}: {what} failed in Ray: {e}") from e
+
+
+def _raise_if_lost(device: "RayDevice | str", what: str) -> None:
+    reason = None if isinstance(device, str) else device.lost
+    if reason is not None:
+        raise RemoteDeviceError(f"{device.name} is lost: {reason}; {what} cannot run on it")

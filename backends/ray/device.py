@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from typing import Any
 
 import numpy as np
 
-from polydev.buffer import Buffer, BufferType
+from polydev.buffer import Buffer, BufferType, BufferUsage
 from polydev.device import Device, DeviceType, Event
 from polydev.errors import RemoteDeviceError
 from polydev.tensor import Tensor
@@ -27,6 +28,8 @@ from .calls import wait
 from .wire import node_signature, tensor_shape
 
 __all__ = ["RayBuffer", "RayBufferType", "RayDevice", "RayEvent"]
+
+log = logging.getLogger(__name__)
 
 _buffer_ids = itertools.count(1)
 
@@ -39,16 +42,25 @@ class RayDevice(Device):
     def __init__(self, node: str, actor: Any, info: dict[str, Any]) -> None:
         super().__init__(f"ray:{node}/{info['name']}", f"{info['description']} (on {node})")
         self.node = node
+        self.node_id: str = info["node_id"]   # Ray's id of the node the actor runs on
+        self.pid: int = info["pid"]           # the actor's process on that node
         self.actor = actor
         self.remote_name = info["name"]
         self.type = DeviceType(info["type"])
         self._buft = RayBufferType(self, info)
         self._supports: dict[tuple, bool] = {}
         self._op_names: list[str] | None = None
+        self.lost: str | None = None          # why the device is lost; None while it answers
+
+    def mark_lost(self, reason: str) -> None:
+        """Take the device out of use: every wait on it raises ``RemoteDeviceError`` now."""
+        if self.lost is None:
+            self.lost = reason
+            log.error("%s is lost: %s", self.name, reason)
 
     def call(self, ref: Any, what: str) -> Any:
         """Wait for one of this device's calls (see ``calls.wait``)."""
-        return wait(self.name, ref, what)
+        return wait(self, ref, what)
 
     def memory(self) -> tuple[int, int]:
         free, total = self.call(self.actor.memory.remote(), "reading its memory")
@@ -126,6 +138,14 @@ class RayBuffer(Buffer):
         self.remote_id = next(_buffer_ids)
         self.device.call(self.device.actor.alloc.remote(self.remote_id, size),
                          f"allocating {size / 2**20:.2f} MiB")
+
+    @Buffer.usage.setter   # type: ignore[attr-defined]
+    def usage(self, usage: BufferUsage) -> None:
+        """The usage, on the actor's buffer too: a remote CPU keeps its weights' interleaved
+        copies only in a buffer of weights, as a local one does."""
+        Buffer.usage.fset(self, usage)        # type: ignore[attr-defined]
+        self.device.call(self.device.actor.set_usage.remote(self.remote_id, int(self.usage)),
+                         "setting a buffer's usage")
 
     def _set(self, tensor: Tensor, data: np.ndarray, offset: int) -> None:
         self.device.call(self.device.actor.write.remote(self.remote_id, tensor.offset + offset,

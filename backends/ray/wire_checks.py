@@ -1,0 +1,108 @@
+"""What a device actor checks in a graph it receives, before it builds or allocates anything.
+
+A graph arrives as the plain tuples of ``wire.py``. Before the actor makes one tensor of it,
+every field is checked to be what polydev itself would send: a known type and op, four
+dimensions and strides in range, op parameters that are numbers, sources and views that name
+tensors before them, and for a tensor in one of the actor's buffers, bytes that lie inside that
+buffer (a view's inside its source's). A field that is not raises ``WireError`` naming the
+tensor and the field; nothing of the graph is kept.
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+from typing import Any, Mapping
+
+from polydev.errors import WireError
+from polydev.ops import Op
+from polydev.tensor import Tensor, TensorFlag
+from polydev.types import TYPE_TRAITS, GGMLType
+
+__all__ = ["check_graph_fields"]
+
+MAX_DIM = 1 << 40           # elements along one dimension (ggml's are int64; no device holds more)
+MAX_PARAMS = 16             # ggml's GGML_MAX_OP_PARAMS is 64 bytes: 16 int32
+MAX_SOURCES = 10            # ggml's GGML_MAX_SRC
+MAX_NAME = 256              # ggml truncates at 64; polydev keeps longer names whole
+_FIELDS = 12
+_TYPES = {int(t) for t in GGMLType}
+_OPS = {int(op) for op in Op}
+_FLAGS = int(TensorFlag.INPUT | TensorFlag.OUTPUT | TensorFlag.PARAM | TensorFlag.LOSS)
+
+
+def check_graph_fields(fields: Any, buffers: Mapping[int, Any]) -> None:
+    """Raise ``WireError`` unless ``fields`` is a (tensor table, node indices) pair as
+    ``wire.graph_fields`` makes, every tensor in range of the ``buffers`` it names."""
+    if not (isinstance(fields, tuple) and len(fields) == 2):
+        raise WireError("a graph is a (tensors, nodes) pair")
+    table, nodes = fields
+    if not isinstance(table, tuple) or not isinstance(nodes, tuple):
+        raise WireError("a graph's tensors and nodes are tuples")
+    spans: list[int] = []
+    for i, entry in enumerate(table):
+        spans.append(_check_tensor(i, entry, spans, buffers))
+    for position, index in enumerate(nodes):
+        if not _is_int(index) or not 0 <= index < len(table):
+            raise WireError(f"node {position} names tensor {index!r}; the graph has "
+                            f"{len(table)}")
+
+
+def _check_tensor(i: int, entry: Any, spans: list[int], buffers: Mapping[int, Any]) -> int:
+    """The tensor's byte span, once its fields are found sound."""
+    if not isinstance(entry, tuple) or len(entry) != _FIELDS:
+        raise WireError(f"tensor {i}: a tensor is a tuple of {_FIELDS} fields")
+    (type_, ne, nb, op, params, sources, view, view_offs, buf_id, offset, name,
+     flags) = entry
+    where = f"tensor {i} ({name!r})" if isinstance(name, str) else f"tensor {i}"
+    _need(_is_int(type_) and type_ in _TYPES, where, f"type {type_!r} is not a GGML type")
+    _need(_is_int(op) and op in _OPS, where, f"op {op!r} is not one of polydev's ops")
+    _need(_dims(ne, 0, MAX_DIM), where, f"ne {ne!r} is not 4 sizes in 0..{MAX_DIM}")
+    _need(_dims(nb, 0, MAX_DIM * 64), where, f"nb {nb!r} is not 4 strides")
+    block = TYPE_TRAITS[GGMLType(type_)].block_size
+    _need(ne[0] % block == 0, where, f"ne[0] = {ne[0]} is not a multiple of its type's "
+          f"block of {block}")
+    _need(isinstance(params, tuple) and len(params) <= MAX_PARAMS
+          and all(isinstance(p, Real) or _numbers(p) for p in params),
+          where, f"op_params must be at most {MAX_PARAMS} numbers or tuples of numbers")
+    _need(isinstance(sources, tuple) and len(sources) <= MAX_SOURCES
+          and all(_is_int(s) and -1 <= s < i for s in sources), where,
+          "sources must name tensors before it (-1: none)")
+    _need(_is_int(view) and -1 <= view < i, where, "view_src must name a tensor before it")
+    _need(isinstance(name, str) and len(name) <= MAX_NAME, where,
+          f"the name must be text of at most {MAX_NAME} characters")
+    _need(_is_int(flags) and 0 <= flags and flags & ~_FLAGS == 0, where,
+          f"flags {flags!r} are not tensor flags")
+    span = Tensor(GGMLType(type_), ne, nb, Op(op)).nbytes
+    _need(_is_int(view_offs) and view_offs >= 0, where, "view_offs must be a byte offset")
+    if view >= 0:
+        _need(view_offs + span <= spans[view], where,
+              f"its {span} bytes at view offset {view_offs} pass the end of its view "
+              f"source's {spans[view]}")
+    if buf_id is not None:
+        buffer = buffers.get(buf_id) if _is_int(buf_id) else None
+        _need(buffer is not None, where, f"buffer {buf_id!r} is not one of this device's")
+        _need(_is_int(offset) and 0 <= offset and offset + span <= buffer.size, where,
+              f"its {span} bytes at offset {offset!r} pass the end of its buffer's "
+              f"{buffer.size}")
+    return span
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numbers(values: Any) -> bool:
+    """A tuple of at most MAX_PARAMS numbers (a parameter of a few numbers: rope's sections,
+    pad's sides)."""
+    return (isinstance(values, tuple) and len(values) <= MAX_PARAMS
+            and all(isinstance(v, Real) for v in values))
+
+
+def _dims(values: Any, low: int, high: int) -> bool:
+    return (isinstance(values, tuple) and len(values) == 4
+            and all(_is_int(v) and low <= v <= high for v in values))
+
+
+def _need(condition: bool, where: str, what: str) -> None:
+    if not condition:
+        raise WireError(f"a malformed graph: {where}: {what}")

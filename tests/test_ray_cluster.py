@@ -1,0 +1,182 @@
+"""Remote devices on a Ray cluster of three nodes on this machine: a head and two workers, each
+its own raylet with its own CPUs and node id, as Ray's own tests build clusters
+(``ray.cluster_utils.Cluster``). One CPU device actor on each node.
+
+The cluster starts once for the module. The last test takes a worker node away (its raylet
+killed) while a model split over both workers generates.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="remote devices need the ray extra")
+
+import polydev  # noqa: E402
+from polydev.errors import RemoteDeviceError  # noqa: E402
+
+from model_files import SMOLLM2, model_path  # noqa: E402
+
+pytestmark = pytest.mark.ray
+WORKERS = ("node-a", "node-b")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """(the Cluster, {node label: its remote CPU device}, {node label: the Cluster's node})."""
+    from ray.cluster_utils import Cluster
+
+    from polydev.backends import ray as polydev_ray
+
+    small = dict(num_cpus=1, object_store_memory=80 << 20)
+    built = Cluster(initialize_head=True, head_node_args=dict(small, include_dashboard=False))
+    nodes = {name: built.add_node(**small, node_name=name) for name in WORKERS}
+    try:
+        built.wait_for_nodes()
+        ray.init(address=built.address, log_to_driver=False)
+        devices = polydev_ray.connect(None, devices=["CPU"])
+        yield built, {d.node: d for d in devices}, nodes
+    finally:
+        if ray.is_initialized():
+            polydev_ray.disconnect()
+            ray.shutdown()
+        built.shutdown()
+
+
+def _node_ids() -> dict[str, str]:
+    return {n["NodeName"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+# --- the devices ------------------------------------------------------------------------------
+
+def test_each_node_has_its_own_devices_named_by_the_node(cluster, capsys):
+    _, devices, _ = cluster
+    ids = _node_ids()
+    head = next(name for name in ids if name not in WORKERS)
+    assert list(devices) == [head, *WORKERS]            # the head first, then by name
+    for label, device in devices.items():
+        assert device.name == f"ray:{label}/CPU"
+        assert device.node_id == ids[label]              # the actor runs on its node
+        assert polydev.device(device.name) is device
+    assert len({d.pid for d in devices.values()}) == 3
+    from polydev.tools.cli import main
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert all(d.name in out for d in devices.values())
+
+
+def test_nodes_of_one_name_are_told_apart_by_port():
+    from polydev.backends.ray import node_labels
+
+    head = {"NodeName": "10.0.0.1", "NodeManagerAddress": "10.0.0.1", "NodeManagerPort": 9,
+            "Resources": {"node:__internal_head__": 1.0}}
+    twins = [{"NodeName": "10.0.0.2", "NodeManagerAddress": "10.0.0.2", "NodeManagerPort": p,
+              "Resources": {}} for p in (7002, 7001)]
+    named = {"NodeName": "gpu-box", "NodeManagerAddress": "10.0.0.3", "NodeManagerPort": 1,
+             "Resources": {}}
+    labels = [label for _, label in node_labels([*twins, named, head])]
+    assert labels == ["10.0.0.1", "10.0.0.2:7001", "10.0.0.2:7002", "gpu-box"]
+
+
+# --- a model over the nodes -------------------------------------------------------------------
+
+@pytest.mark.parametrize("numerics", ["fast", "exact"])
+def test_a_model_split_over_two_nodes_gives_the_local_logits_at_every_position(cluster,
+                                                                             numerics):
+    """SmolLM2's layers half on node-a, half on node-b (only activations cross): every
+    position's logits are the all-local run's to the bit (each node runs this machine's CPU
+    kernels, with the weights' interleaved copies and the numerics asked for, as the local
+    CPU does), and so are the greedy ids."""
+    pytest.importorskip("gguf")
+    from polydev.models import load
+
+    _, devices, _ = cluster
+    a, b = devices["node-a"], devices["node-b"]
+    path = model_path(SMOLLM2)
+    with load(path, devices=[], n_ctx=128, progress=False, numerics=numerics) as local:
+        tokens = local.tokenize("Ray clusters split a model by layers, and")
+        local.eval(tokens, all_logits=True)
+        want = local.logits()
+        local.reset()
+        "".join(local.generate(tokens, 6, temperature=0))
+        want_ids = list(local.generated)
+    with load(path, devices=[a.name, b.name], n_gpu_layers=99, tensor_split=[1, 1],
+              n_ctx=128, progress=False, numerics=numerics) as split:
+        layers = [d.name for d in split.placement.layer_devices]   # the output layer too
+        assert abs(layers.count(a.name) - layers.count(b.name)) <= 1
+        assert layers == sorted(layers) and set(layers) == {a.name, b.name}
+        split.eval(tokens, all_logits=True)
+        np.testing.assert_array_equal(split.logits(), want)
+        split.reset()
+        "".join(split.generate(tokens, 6, temperature=0))
+        assert list(split.generated) == want_ids
+
+
+# --- a lost node ------------------------------------------------------------------------------
+
+def test_a_stalled_device_is_found_lost_by_its_heartbeat(cluster, monkeypatch):
+    """The head's device actor is stopped (SIGSTOP: its connections stay open, so Ray sees
+    nothing wrong): a call waiting on it ends with RemoteDeviceError once the device has
+    missed its heartbeats for POLYDEV_RAY_HEARTBEAT seconds, far before the time-out."""
+    _, devices, _ = cluster
+    head = next(iter(devices.values()))
+    monkeypatch.setenv("POLYDEV_RAY_HEARTBEAT", "2")
+    monkeypatch.setenv("POLYDEV_RAY_TIMEOUT", "60")
+    head.memory()                                     # answers while it runs
+    os.kill(head.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RemoteDeviceError, match=f"{head.name} is lost: it has not "
+                                                    f"answered a heartbeat"):
+            head.memory()
+        assert time.monotonic() - start < 2 + 2       # its period, and a period's slack
+        with pytest.raises(RemoteDeviceError, match="is lost"):   # and at once from now on
+            head.memory()
+    finally:
+        os.kill(head.pid, signal.SIGCONT)
+    assert devices["node-a"].lost is None and devices["node-a"].memory()[1] > 0
+
+
+def test_a_lost_node_ends_the_generation_with_a_typed_error_within_seconds(cluster):
+    """node-b's raylet is killed while a model split over node-a and node-b generates: the
+    heartbeat finds node-b's device lost in seconds (Ray's own detection takes longer, and
+    the call time-out is 60 s), the generation raises RemoteDeviceError naming it, and
+    node-a's device and the local CPU go on working."""
+    pytest.importorskip("gguf")
+    from polydev.models import load
+
+    built, devices, nodes = cluster
+    a, b = devices["node-a"], devices["node-b"]
+    with load(model_path(SMOLLM2), devices=[a.name, b.name], n_gpu_layers=99,
+              tensor_split=[1, 1], n_ctx=512, progress=False) as split:
+        tokens = split.tokenize("Once upon a time")
+        started, outcome = threading.Event(), {}
+
+        def generate() -> None:
+            try:
+                for _ in split.generate(tokens, 400, temperature=0):
+                    started.set()
+            except Exception as e:
+                outcome["error"], outcome["at"] = e, time.monotonic()
+            started.set()
+
+        thread = threading.Thread(target=generate, daemon=True)
+        thread.start()
+        assert started.wait(60)
+        killed = time.monotonic()
+        built.remove_node(nodes["node-b"], allow_graceful=False)
+        thread.join(30)
+        assert not thread.is_alive(), "the generation still waits on the lost node"
+    error = outcome.get("error")
+    assert isinstance(error, RemoteDeviceError), error
+    assert b.name in str(error) and "lost" in str(error)
+    assert outcome["at"] - killed < 10
+    assert b.lost is not None and a.lost is None
+    assert a.memory()[1] > 0
+    assert polydev.device("CPU").memory()[1] > 0
