@@ -6,12 +6,14 @@
 #
 #   bash bench/anchors.sh [mainline|ik|all] [native|avx2|all]   (default: all all)
 #   bash bench/anchors.sh server       (mainline's llama-server, for this host)
+#   bash bench/anchors.sh rpc          (mainline's ggml-rpc-server and a llama-bench with --rpc)
 #
 # Then: python bench/models.py --scale $(bash bench/anchors.sh --flags), and
 # python bench/serve.py --llama-server $(bash bench/anchors.sh --server)
 #
 # Builds land in $POLYDEV_ANCHORS (default ~/.cache/polydev/anchors): mainline-native,
-# mainline-avx2, ik-native, ik-avx2, each with bin/llama-bench (server-native: bin/llama-server).
+# mainline-avx2, ik-native, ik-avx2, each with bin/llama-bench (server-native: bin/llama-server;
+# rpc-native: bin/ggml-rpc-server and bin/llama-bench, built with -DGGML_RPC=ON).
 # A build that is there is kept (remove its folder to rebuild). Sources: llama-cpp-python's
 # source distribution, from $LLAMA_CPP_SDIST (a .tar.gz) or .test-data/ or pip download;
 # ik_llama.cpp from $IK_SOURCE (a checkout or a git directory) or a shallow clone of its public
@@ -75,29 +77,37 @@ ik_source() {   # prints ik_llama.cpp's folder: a checkout without its model fil
     echo "$src"
 }
 
-build() {   # build NAME SOURCE TARGET FLAGS...
-    local name=$1 src=$2 target=$3
+build() {   # build NAME SOURCE "TARGET..." FLAGS...
+    local name=$1 src=$2 targets=($3)
     shift 3
-    local dir=$ANCHORS/$name
-    if [[ -x $dir/bin/$target ]]; then
-        say "$name: built ($dir/bin/$target)"
+    local dir=$ANCHORS/$name target built=1
+    for target in "${targets[@]}"; do [[ -x $dir/bin/$target ]] || built=0; done
+    if ((built)); then
+        say "$name: built (${targets[*]} in $dir/bin)"
         return
     fi
-    say "$name: building $target from $src"
+    say "$name: building ${targets[*]} from $src"
     local start=$SECONDS
     cmake -S "$src" -B "$dir/build" "${COMMON[@]}" "$@" >"$dir.cmake.log" 2>&1 ||
         { say "$name: cmake failed, see $dir.cmake.log"; return 1; }
-    cmake --build "$dir/build" --target "$target" -j "$JOBS" >"$dir.build.log" 2>&1 ||
+    cmake --build "$dir/build" --target "${targets[@]}" -j "$JOBS" >"$dir.build.log" 2>&1 ||
         { say "$name: build failed, see $dir.build.log"; return 1; }
     mkdir -p "$dir/bin"
-    cp "$dir/build/bin/$target" "$dir/bin/"
+    for target in "${targets[@]}"; do cp "$dir/build/bin/$target" "$dir/bin/"; done
     rm -rf "$dir/build"
-    say "$name: $dir/bin/$target ($((SECONDS - start)) s)"
+    say "$name: ${targets[*]} in $dir/bin ($((SECONDS - start)) s)"
 }
 
 main() {
     if [[ ${1:-} == --flags ]]; then flags; return; fi
     if [[ ${1:-} == --server ]]; then echo "$ANCHORS/server-native/bin/llama-server"; return; fi
+    if [[ ${1:-} == --rpc ]]; then echo "$ANCHORS/rpc-native/bin"; return; fi
+    if [[ ${1:-} == rpc ]]; then
+        mkdir -p "$ANCHORS"
+        build rpc-native "$(mainline_source)" "llama-bench ggml-rpc-server" "${NATIVE[@]}" \
+            -DGGML_RPC=ON
+        return
+    fi
     if [[ ${1:-} == server ]]; then
         mkdir -p "$ANCHORS"
         build server-native "$(mainline_source)" llama-server "${NATIVE[@]}" \

@@ -40,7 +40,7 @@ from .hparams import HParams
 from .model_check import check_tensors
 from .placement_accelerate import fits_memory, fitted_layers, mapped_layers
 from .placement_buffers import WeightBufferChooser
-from .placement_devices import map_target, offload_devices
+from .placement_devices import in_service, map_target, offload_devices
 from .placement_llama_cpp import llama_cpp_layers, override_rules, split_mode_devices
 from .placement_settings import PlacementSettings, settings_from
 
@@ -133,7 +133,8 @@ def plan_placement(f: GGUFFile, settings: PlacementSettings | None = None,
     settings = settings_from(settings, knobs)
     hp = HParams.from_gguf(f)
     cpu = polydev.registry().device("CPU")
-    offload = split_mode_devices(offload_devices(settings.devices, cpu), settings)
+    offload, settings = in_service(offload_devices(settings.devices, cpu), settings)
+    offload = split_mode_devices(offload, settings)
     kv_cells = [kv_size(settings.n_ctx)] * hp.n_layer
     kv_bytes = [_kv_layer_bytes(hp, il, kv_cells[il], settings.type_k, settings.type_v)
                 for il in range(hp.n_layer)]

@@ -3,13 +3,20 @@ rule or a map points at (a ``Device``, an index among the offload devices, or a 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
 
 import polydev
 from polydev.device import Device, DeviceType
 from polydev.errors import InvalidArgumentError
 
-__all__ = ["offload_devices", "map_target"]
+if TYPE_CHECKING:
+    from .placement_settings import PlacementSettings
+
+__all__ = ["in_service", "map_target", "offload_devices"]
+
+log = logging.getLogger(__name__)
 
 
 def offload_devices(devices: Sequence[str | Device] | None, cpu: Device) -> list[Device]:
@@ -27,6 +34,23 @@ def offload_devices(devices: Sequence[str | Device] | None, cpu: Device) -> list
     return out
 
 
+def in_service(offload: list[Device], settings: "PlacementSettings"
+               ) -> tuple[list[Device], "PlacementSettings"]:
+    """The offload devices that are not lost (a remote device whose node is gone), and the
+    settings without the lost ones' ``tensor_split`` shares: their layers go to the devices
+    that remain, as if they had never been named (a model placed again after a node is lost
+    runs on what is left)."""
+    lost = {i for i, d in enumerate(offload) if d.lost is not None}
+    if not lost:
+        return offload, settings
+    for i in sorted(lost):
+        log.warning("%s is lost (%s): its layers go to the devices that remain", offload[i].name,
+                    offload[i].lost)
+    split = tuple(x for i, x in enumerate(settings.tensor_split) if i not in lost)
+    return ([d for i, d in enumerate(offload) if i not in lost],
+            dataclasses.replace(settings, tensor_split=split))
+
+
 def map_target(target: Any, offload: list[Device], cpu: Device) -> Device:
     """A device named in a knob: a Device, an index among the offload devices, or a name,
     looked up among the devices in play before the registry ("GPU1", "cuda:0", "cpu")."""
@@ -40,4 +64,9 @@ def map_target(target: Any, offload: list[Device], cpu: Device) -> Device:
     for device in (*offload, cpu):
         if isinstance(target, str) and device.name.lower() == target.strip().lower():
             return device
-    return polydev.device(target)
+    device = polydev.device(target)
+    if device.lost is not None:
+        log.warning("%s is lost (%s): what a rule puts there stays on the CPU", device.name,
+                    device.lost)
+        return cpu
+    return device

@@ -136,6 +136,12 @@ class Device:
         """The PCI bus id ("dddd:bb:dd.f") where there is one."""
         return None
 
+    @property
+    def lost(self) -> str | None:
+        """Why the device is out of service for good (a remote device whose node is gone);
+        None while it serves. A local device is never lost."""
+        return None
+
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes."""
         raise NotImplementedError

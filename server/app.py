@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from polydev.errors import (ContextFullError, InvalidArgumentError, MissingDependencyError,
-                            PolydevError)
+                            PolydevError, RemoteDeviceError)
 from polydev.models import SamplingParams
 from polydev.models.engine import Finished, Piece, QueueFullError, SlotBusyError
 from polydev.models.kv_state import checked_name
@@ -76,7 +76,10 @@ def create_app(worker: ModelWorker, *, model_name: str, api_key: str | None = No
 
     async def health(request: Request) -> Response:
         _require_ready(worker)
-        return JSONResponse({"status": "ok"})
+        body: dict[str, Any] = {"status": "ok"}
+        if worker.lost:                     # served again without them
+            body["lost_devices"] = dict(worker.lost)
+        return JSONResponse(body)
 
     async def models(request: Request) -> Response:
         entry: dict[str, Any] = {"id": model_name, "object": "model", "created": created,
@@ -138,9 +141,24 @@ def _require_ready(worker: ModelWorker) -> None:
     if worker.state == "loading":
         raise RequestError("Loading model", status=503, type="unavailable_error",
                            code="model_loading")
+    if worker.state == "placing":
+        raise RequestError(worker.placing_message(), status=503, type="unavailable_error",
+                           code="device_lost")
     if worker.state == "failed":
         raise RequestError(f"the model failed: {worker.error}", status=500,
                            type="server_error")
+
+
+def _failed(error: BaseException | None) -> RequestError:
+    """A request the engine ended with ``error``: 503 where a device was lost (the server
+    serves again once the model is placed over the devices that remain), else 500."""
+    if isinstance(error, RemoteDeviceError):
+        return _device_lost(error)
+    return RequestError(f"generation failed: {error}", status=500, type="server_error")
+
+
+def _device_lost(error: RemoteDeviceError) -> RequestError:
+    return RequestError(str(error), status=503, type="unavailable_error", code="device_lost")
 
 
 async def _slot_action(request: Request, worker: ModelWorker, folder: str | None) -> Response:
@@ -236,6 +254,8 @@ async def _embed(request: Request, worker: ModelWorker, model_name: str,
                            code="queue_full") from None
     except ContextFullError as e:
         raise RequestError(str(e), param=field, code="context_length_exceeded") from None
+    except RemoteDeviceError as e:
+        raise _device_lost(e) from None
     except PolydevError as e:
         raise RequestError(str(e), param=field) from None
     n_tokens = sum(map(len, ids))
@@ -286,6 +306,8 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
         raise RequestError(str(e), param=gen.grammar_param) from None
     except ContextFullError as e:
         raise RequestError(str(e), param=param, code="context_length_exceeded") from None
+    except RemoteDeviceError as e:
+        raise _device_lost(e) from None
     except PolydevError as e:
         raise RequestError(str(e), param=param) from None
     reply = Reply(model_name, chat)
@@ -384,8 +406,7 @@ async def _whole(request: Request, reply: Reply, texts: list[ChoiceText],
                     logprobs[index].append(found)
                 continue
             if event.reason == "error":
-                raise RequestError(f"generation failed: {event.error}", status=500,
-                                   type="server_error")
+                raise _failed(event.error)
             parts[index] += text.feed(None)
             ends[index] = event
         choices = [_whole_choice(reply.chat, t, parts[t.index], logprobs[t.index],
@@ -419,7 +440,8 @@ def _whole_choice(chat: bool, text: ChoiceText, parts: list, logprobs: list[dict
 async def _stream(reply: Reply, texts: list[ChoiceText], queue: asyncio.Queue, handles: list,
                   include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of each choice, its finish reason, usage if
-    asked, [DONE]. A client that disconnects cancels this generator, which cancels the
+    asked, [DONE]; a failure ends the stream with an error event instead (no [DONE], as
+    OpenAI's API). A client that disconnects cancels this generator, which cancels the
     request."""
     ends: dict[int, Finished] = {}
     try:
@@ -438,14 +460,15 @@ async def _stream(reply: Reply, texts: list[ChoiceText], queue: asyncio.Queue, h
                     yield _sse(reply.chunk(index, delta, None, logprobs if i == 0 else None))
                 continue
             if event.reason == "error":
-                yield _sse(RequestError(f"generation failed: {event.error}", status=500,
-                                        type="server_error").body())
+                yield _sse(_failed(event.error).body())
                 break
             for delta in text.feed(None):
                 yield _sse(reply.chunk(index, delta, None))
             ends[index] = event
             yield _sse(reply.chunk(index, {} if reply.chat else "", finish_reason(event, text)))
-        if include_usage and len(ends) == len(texts):
+        if len(ends) < len(texts):          # an error event ended it: no [DONE], as OpenAI
+            return
+        if include_usage:
             yield _sse(reply.usage_chunk([ends[i] for i in range(len(texts))]))
         yield "data: [DONE]\n\n"
     finally:

@@ -3,7 +3,10 @@ server's event loop submits requests and awaits their events.
 
 Loading happens in this thread so that the server answers (``/health``: 503) from its first
 moment. Events cross to the event loop with ``call_soon_threadsafe``; a stop drains the
-running requests first.
+running requests first. A device of the model that is lost (a remote device whose node is
+gone) ends the running and waiting requests with ``RemoteDeviceError``; the thread then loads
+the model again, placed over the devices that remain, and serves on (``/health``: 503 while it
+loads, then the devices lost).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from polydev.errors import MissingDependencyError
+from polydev.errors import MissingDependencyError, RemoteDeviceError
 from polydev.models import Model
 from polydev.models.embedding_engine import EmbeddingEngine
 from polydev.models.engine import BatchEngine, Event, Handle
@@ -64,17 +67,23 @@ class ModelWorker:
         self.model: Model | None = None
         self.engine: BatchEngine | EmbeddingEngine | None = None
         self.error: BaseException | None = None
+        self.lost: dict[str, str] = {}      # the devices found lost: name -> why
         self.busy_seconds = 0.0             # time spent in steps that did work
         self._calls: queue.SimpleQueue = queue.SimpleQueue()    # run on the model's thread
         self._stopping = threading.Event()
         self._ready = threading.Event()
+        self._placing_again = threading.Event()
+        self._swap = threading.Lock()       # submit never meets a model being replaced
         self._thread = threading.Thread(target=self._main, name="polydev-model", daemon=True)
 
     @property
     def state(self) -> str:
-        """"loading", "ready" or "failed"."""
+        """"loading", "ready", "failed", or "placing" (loading again over the devices that
+        remain after one was lost)."""
         if self.error is not None:
             return "failed"
+        if self._placing_again.is_set():
+            return "placing"
         return "ready" if self._ready.is_set() else "loading"
 
     def start(self) -> None:
@@ -91,7 +100,9 @@ class ModelWorker:
         ``queue`` in ``loop`` as (``index``, event)."""
         def on_event(event: Event) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-        return self.engine.submit(prompt, on_event, **settings)
+        with self._swap:
+            self._check_serving()
+            return self.engine.submit(prompt, on_event, **settings)
 
     @property
     def pooling(self) -> str:
@@ -107,8 +118,10 @@ class ModelWorker:
         def on_done(result) -> None:
             error = result if isinstance(result, Exception) else None
             loop.call_soon_threadsafe(_settle, future, result, error)
-        job = self.engine.submit(inputs, on_done, pooling=pooling or self.pooling,
-                                 normalization=normalization)
+        with self._swap:
+            self._check_serving()
+            job = self.engine.submit(inputs, on_done, pooling=pooling or self.pooling,
+                                     normalization=normalization)
         future.add_done_callback(lambda f: job.cancel() if f.cancelled() else None)
         return future
 
@@ -145,7 +158,42 @@ class ModelWorker:
         if self._thread.is_alive():
             self._thread.join()
 
+    def placing_message(self) -> str:
+        """What a request meets while the model is placed again: the devices lost."""
+        return f"{_lost_text(self.lost)}; the model is being placed over the devices that remain"
+
+    def _check_serving(self) -> None:
+        if self.state == "placing":
+            raise RemoteDeviceError(self.placing_message())
+
     def _main(self) -> None:
+        if not self._start_models():
+            return
+        if not self.embeddings:
+            threading.Thread(target=_prepare_grammars, args=(self.model,), daemon=True,
+                             name="polydev-grammar-vocabulary").start()
+        try:
+            while not self._stopping.is_set():
+                while not self._calls.empty():
+                    self._calls.get()()
+                start = time.perf_counter()
+                if self.engine.step():
+                    self.busy_seconds += time.perf_counter() - start
+                else:
+                    self.engine.wait_for_work(_IDLE_WAIT)
+                lost = _lost_devices(self.model)
+                if lost and not self._place_again(lost):
+                    return
+        except BaseException as e:
+            log.exception("the model's thread stopped")
+            self.error = e
+            self.engine.abort(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+        finally:
+            self._close_models()
+
+    def _start_models(self) -> bool:
+        """Load the model (its drafter, its engine); False, with ``error`` set, on a
+        failure."""
         try:
             self.model = self._load()
             if self.embeddings:
@@ -160,31 +208,41 @@ class ModelWorker:
             self.error = e
             self._close_models()
             self._ready.set()
-            return
+            return False
         self._ready.set()
         log.info("model loaded: %r, %s", self.model, f"embeddings ({self.pooling} pooling)"
                  if self.embeddings else f"{self.n_slots} slots")
-        if not self.embeddings:
-            threading.Thread(target=_prepare_grammars, args=(self.model,), daemon=True,
-                             name="polydev-grammar-vocabulary").start()
+        return True
+
+    def _place_again(self, lost: dict[str, str]) -> bool:
+        """End every request with the devices' loss, then load the model again over the
+        devices that remain (the placement leaves lost devices out); False if that fails."""
+        self.lost.update(lost)
+        error = RemoteDeviceError(f"{_lost_text(lost)}; the request could not finish")
+        log.error("%s: placing the model again over the devices that remain",
+                  _lost_text(lost))
+        with self._swap:
+            self._placing_again.set()
+            self.engine.abort(error)
+        self._close_models()
+        self.model = self.engine = self.drafter = None
         try:
-            while not self._stopping.is_set():
-                while not self._calls.empty():
-                    self._calls.get()()
-                start = time.perf_counter()
-                if self.engine.step():
-                    self.busy_seconds += time.perf_counter() - start
-                else:
-                    self.engine.wait_for_work(_IDLE_WAIT)
-        except BaseException as e:
-            log.exception("the model's thread stopped")
-            self.error = e
-            self.engine.abort(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+            return self._start_models()
         finally:
-            self._close_models()
+            self._placing_again.clear()
 
     def _close_models(self) -> None:
         if self.drafter is not None:
             self.drafter.close()
         if self.model is not None:
             self.model.close()
+
+
+def _lost_devices(model: Model) -> dict[str, str]:
+    """The model's devices that are lost (a remote device whose node is gone), with why."""
+    return {b.device.name: b.device.lost for b in model.evaluator.backends
+            if b.device.lost is not None}
+
+
+def _lost_text(lost: dict[str, str]) -> str:
+    return "; ".join(f"{name} is lost ({why})" for name, why in lost.items())

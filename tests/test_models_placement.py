@@ -199,6 +199,27 @@ def test_tensor_split_proportions(model, split, ngl):
     assert names(plan) == llama_cpp_layers(N_LAYER, ngl, ["GPU0", "GPU1"], split)
 
 
+class LostGPU(FakeGPU):
+    """A stand-in for a remote device whose node is gone."""
+
+    lost = "its node stopped answering"
+
+
+def test_a_lost_device_gives_its_layers_and_its_share_to_the_devices_that_remain(
+        model, monkeypatch):
+    gpus = [FakeGPU("GPU0"), LostGPU("GPU1"), FakeGPU("GPU2")]
+    registered = {d.name: d for d in gpus}
+    real = polydev.device
+    monkeypatch.setattr(polydev, "device", lambda name: registered.get(name) or real(name))
+    plan = plan_placement(model, devices=gpus, tensor_split=[1, 5, 3],
+                          override_tensor=["attn_k=GPU1"])
+    assert [d.name for d in plan.offload_devices] == ["GPU0", "GPU2"]
+    assert names(plan) == llama_cpp_layers(N_LAYER, -1, ["GPU0", "GPU2"], [1, 3])
+    assert plan.device_of("blk.1.attn_k.weight").name == "CPU"   # a rule's lost target
+    only_lost = plan_placement(model, devices=[gpus[1]], n_gpu_layers=-1)
+    assert set(names(only_lost)) == {"CPU"}
+
+
 def test_default_split_follows_free_memory(model):
     gpus = [FakeGPU("GPU0", free=1 * GIB), FakeGPU("GPU1", free=3 * GIB)]
     plan = plan_placement(model, devices=gpus)

@@ -1,13 +1,16 @@
-"""Remote devices on a Ray cluster of three nodes on this machine: a head and two workers, each
-its own raylet with its own CPUs and node id, as Ray's own tests build clusters
+"""Remote devices on a Ray cluster of four nodes on this machine: a head and three workers,
+each its own raylet with its own CPUs and node id, as Ray's own tests build clusters
 (``ray.cluster_utils.Cluster``). One CPU device actor on each node.
 
-The cluster starts once for the module. The last test takes a worker node away (its raylet
-killed) while a model split over both workers generates.
+The cluster starts once for the module. The last two tests take a worker node away each (its
+raylet killed): node-c while a model split over node-a and node-c generates, node-b while a
+server with the model split over node-a and node-b streams to 8 clients.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import signal
 import threading
@@ -24,7 +27,7 @@ from polydev.errors import RemoteDeviceError  # noqa: E402
 from model_files import SMOLLM2, model_path  # noqa: E402
 
 pytestmark = pytest.mark.ray
-WORKERS = ("node-a", "node-b")
+WORKERS = ("node-a", "node-b", "node-c")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def test_each_node_has_its_own_devices_named_by_the_node(cluster, capsys):
         assert device.name == f"ray:{label}/CPU"
         assert device.node_id == ids[label]              # the actor runs on its node
         assert polydev.device(device.name) is device
-    assert len({d.pid for d in devices.values()}) == 3
+    assert len({d.pid for d in devices.values()}) == len(WORKERS) + 1
     from polydev.tools.cli import main
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
@@ -144,16 +147,15 @@ def test_a_stalled_device_is_found_lost_by_its_heartbeat(cluster, monkeypatch):
 
 
 def test_a_lost_node_ends_the_generation_with_a_typed_error_within_seconds(cluster):
-    """node-b's raylet is killed while a model split over node-a and node-b generates: the
-    heartbeat finds node-b's device lost in seconds (Ray's own detection takes longer, and
-    the call time-out is 60 s), the generation raises RemoteDeviceError naming it, and
-    node-a's device and the local CPU go on working."""
+    """node-c's raylet is killed while a model split over node-a and node-c generates: the
+    generation raises RemoteDeviceError naming node-c's device within seconds (the call
+    time-out is 60 s), and node-a's device and the local CPU go on working."""
     pytest.importorskip("gguf")
     from polydev.models import load
 
     built, devices, nodes = cluster
-    a, b = devices["node-a"], devices["node-b"]
-    with load(model_path(SMOLLM2), devices=[a.name, b.name], n_gpu_layers=99,
+    a, c = devices["node-a"], devices["node-c"]
+    with load(model_path(SMOLLM2), devices=[a.name, c.name], n_gpu_layers=99,
               tensor_split=[1, 1], n_ctx=512, progress=False) as split:
         tokens = split.tokenize("Once upon a time")
         started, outcome = threading.Event(), {}
@@ -170,13 +172,69 @@ def test_a_lost_node_ends_the_generation_with_a_typed_error_within_seconds(clust
         thread.start()
         assert started.wait(60)
         killed = time.monotonic()
-        built.remove_node(nodes["node-b"], allow_graceful=False)
+        built.remove_node(nodes["node-c"], allow_graceful=False)
         thread.join(30)
         assert not thread.is_alive(), "the generation still waits on the lost node"
     error = outcome.get("error")
     assert isinstance(error, RemoteDeviceError), error
-    assert b.name in str(error) and "lost" in str(error)
+    assert f"{c.name} is lost" in str(error)
     assert outcome["at"] - killed < 10
-    assert b.lost is not None and a.lost is None
+    assert c.lost is not None and a.lost is None
     assert a.memory()[1] > 0
     assert polydev.device("CPU").memory()[1] > 0
+
+
+def test_a_server_over_two_nodes_ends_its_streams_and_serves_again_without_a_lost_node(
+        cluster):
+    """8 clients stream from a server whose model is split over node-a and node-b; node-b's
+    raylet is killed. Every stream ends within 10 s with an error event (503,
+    device_lost, naming the device), the server places the model over what remains
+    (node-a, then the CPU), /health says which device is gone, and a new request is
+    answered."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    from polydev.models import load
+
+    from test_server import live_server, request
+
+    built, devices, nodes = cluster
+    a, b = devices["node-a"], devices["node-b"]
+
+    def load_split():
+        return load(model_path(SMOLLM2), devices=[a.name, b.name], n_gpu_layers=99,
+                    tensor_split=[1, 1], n_ctx=2048, progress=False)
+
+    def stream(i: int):
+        return request(url, "POST", "/v1/completions", {
+            "prompt": f"Story number {i}:", "max_tokens": 200, "stream": True,
+            "temperature": 0})
+
+    with live_server(None, n_slots=8, load_model=load_split) as (url, worker):
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            streams = [pool.submit(stream, i) for i in range(8)]
+            deadline = time.monotonic() + 60
+            while worker.engine.snapshot().generated_tokens < 8 * 4:
+                assert time.monotonic() < deadline, "the streams did not start"
+                time.sleep(0.05)
+            killed = time.monotonic()
+            built.remove_node(nodes["node-b"], allow_graceful=False)
+            ended = [f.result(timeout=30) for f in streams]
+        assert time.monotonic() - killed < 10
+        for status, _, body in ended:
+            assert status == 200                     # the stream had begun
+            errors = [json.loads(line[6:]) for line in body.splitlines()
+                      if line.startswith("data: {\"error\"")]
+            assert len(errors) == 1 and "[DONE]" not in body
+            assert errors[0]["error"]["code"] == "device_lost"
+            assert f"{b.name} is lost" in errors[0]["error"]["message"]
+        deadline = time.monotonic() + 60
+        while worker.state != "ready":
+            assert worker.state == "placing" and time.monotonic() < deadline, worker.error
+            time.sleep(0.05)
+        status, _, health = request(url, "GET", "/health")
+        assert status == 200 and b.name in health["lost_devices"]
+        assert {d.name for d in worker.model.placement.layer_devices} == {a.name}
+        status, _, body = request(url, "POST", "/v1/completions",
+                                  {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] == 4

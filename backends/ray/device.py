@@ -50,12 +50,17 @@ class RayDevice(Device):
         self._buft = RayBufferType(self, info)
         self._supports: dict[tuple, bool] = {}
         self._op_names: list[str] | None = None
-        self.lost: str | None = None          # why the device is lost; None while it answers
+        self._lost: str | None = None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the device is lost (its node or actor gone or stalled); None while it answers."""
+        return self._lost
 
     def mark_lost(self, reason: str) -> None:
         """Take the device out of use: every wait on it raises ``RemoteDeviceError`` now."""
-        if self.lost is None:
-            self.lost = reason
+        if self._lost is None:
+            self._lost = reason
             log.error("%s is lost: %s", self.name, reason)
 
     def call(self, ref: Any, what: str) -> Any:
