@@ -274,6 +274,12 @@ class Backend(Resource):
     # sets one and overrides _read_error_flags.
     kernel_errors: KernelErrorFlags | None = None
 
+    # True where every write into the device's memory (a host write, an async copy) runs
+    # after the work queued on this stream before it, as a remote device's calls run in one
+    # queue: the scheduler then writes a split's inputs without first waiting for the stream
+    # to finish with them (ggml waits, for devices that do not keep that order).
+    writes_in_stream_order: bool = False
+
     def __init__(self, device: Device, name: str | None = None) -> None:
         self.device = device
         self.name = name or device.name

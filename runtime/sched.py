@@ -435,13 +435,14 @@ class Scheduler(Resource):
             source = step.resolve.get(id(src), src)
             src_backend = self.backends[step.ids.get(src)]
             if src.flags & TensorFlag.INPUT:     # the user may overwrite it right after
-                event.synchronize() if event is not None else backend.synchronize()
+                if not backend.writes_in_stream_order:
+                    event.synchronize() if event is not None else backend.synchronize()
                 self._record("copy", copy.name, backend, src.nbytes,
                              lambda: tensor_copy(source, copy))
                 continue
             if event is not None:
                 event.wait(backend)
-            else:
+            elif not backend.writes_in_stream_order:
                 backend.synchronize()
             self._record("copy", copy.name, backend, src.nbytes,
                          lambda: tensor_copy_async(src_backend, backend, source, copy))

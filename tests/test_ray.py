@@ -8,6 +8,7 @@ an actor; every test before it uses both devices.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -234,6 +235,35 @@ def test_a_model_with_layers_on_a_remote_device_gives_the_greedy_ids(remote, mon
         assert read_there and all(read_there)
         "".join(split.generate(prompt, n, temperature=0))
         assert list(split.generated) == want
+
+
+def test_weights_are_read_on_the_node_only_where_its_file_is_the_drivers(remote,
+                                                                          monkeypatch):
+    """A node whose copy of the file is not the driver's (another size or first MiB) gets
+    the bytes sent instead; a weight whose bytes differ there is an error of the load, never
+    other weights."""
+    pytest.importorskip("gguf")
+    from polydev.backends.ray import device as ray_device
+    from polydev.errors import WireError
+    from polydev.models import load
+
+    path = model_path(SMOLLM2)
+    with load(path, devices=[], n_ctx=128, progress=False) as local:
+        prompt = local.tokenize("Remote weights")
+        "".join(local.generate(prompt, 4, temperature=0))
+        want = list(local.generated)
+    cpu = remote[0]
+    monkeypatch.setattr(ray_device, "file_signature", lambda p: (0, "another file"))
+    monkeypatch.setattr(cpu, "_files", {})
+    with load(path, devices=[cpu.name], n_gpu_layers=99, n_ctx=128, progress=False) as sent:
+        "".join(sent.generate(prompt, 4, temperature=0))
+        assert list(sent.generated) == want
+    assert cpu._files == {os.path.abspath(path): False}
+    monkeypatch.undo()
+    monkeypatch.setattr(ray_device, "bytes_digest", lambda data: "not these bytes")
+    with pytest.raises(WireError, match="differs from the driver's at bytes"):
+        with load(path, devices=[cpu.name], n_gpu_layers=99, n_ctx=128, progress=False):
+            pass
 
 
 # --- faults -------------------------------------------------------------------------------------

@@ -146,22 +146,50 @@ class DeviceActor:
 
         tensor_set(view, data)
 
-    def write_from_file(self, buffer_id: int, offset: int, path: str, file_offset: int,
-                        size: int, digest: str) -> bool:
-        """Bytes from this node's copy of a file, if it has one whose bytes hash as the
-        driver's (blake2b); False, writing nothing, otherwise."""
-        import hashlib
+    def file_signature(self, path: str) -> tuple[int, str] | None:
+        """This node's copy of ``path``: its size and the digest of its first MiB (None
+        where there is none)."""
+        from .file_digest import file_signature
 
+        return file_signature(path) if isinstance(path, str) else None
+
+    def write_from_file(self, buffer_id: int, offset: int, path: str, file_offset: int,
+                        size: int, digest: str) -> None:
+        """Bytes from this node's copy of a file, checked against the digest of the
+        driver's bytes (``file_digest``): bytes that differ are an error, never written."""
+        from .file_digest import bytes_digest
+
+        if not all(isinstance(v, int) and v >= 0 for v in (file_offset, size)):
+            raise WireError("a file's offset and size are counts of bytes")
         try:
             with open(path, "rb") as f:
                 f.seek(file_offset)
                 data = f.read(size)
-        except OSError:
-            return False
-        if len(data) != size or hashlib.blake2b(data, digest_size=16).hexdigest() != digest:
-            return False
+        except (OSError, TypeError) as e:
+            raise WireError(f"{path!r} cannot be read on this node: {e}") from None
+        if len(data) != size or bytes_digest(data) != digest:
+            raise WireError(f"{path} on this node differs from the driver's at bytes "
+                            f"{file_offset}..{file_offset + size}")
         self.write(buffer_id, offset, np.frombuffer(data, np.uint8))
-        return True
+
+    def write_many(self, writes: list) -> None:
+        """The writes the driver held back, in their order: (buffer id, offset, bytes)."""
+        if not isinstance(writes, list):
+            raise WireError("held-back writes come as a list")
+        for entry in writes:
+            if not (isinstance(entry, tuple) and len(entry) == 3):
+                raise WireError("a held-back write is (buffer id, offset, bytes)")
+            self.write(*entry)
+
+    def read_pieces(self, buffer_id: int, offset: int, sizes: list, *after: Any) -> Any:
+        """Consecutive pieces of ``sizes`` bytes from ``offset``, each its own return value
+        (small enough for Ray to carry in its reply)."""
+        if not (isinstance(sizes, list) and sizes and all(isinstance(n, int) for n in sizes)):
+            raise WireError("a read in pieces needs a list of sizes")
+        data = self.read(buffer_id, offset, sum(sizes))
+        starts = np.cumsum([0, *sizes[:-1]])
+        pieces = tuple(data[start:start + n] for start, n in zip(starts, sizes))
+        return pieces if len(pieces) > 1 else pieces[0]
 
     def read(self, buffer_id: int, offset: int, size: int, *after: Any) -> np.ndarray:
         self.backend.synchronize()

@@ -41,11 +41,12 @@ class RayGraphPlan(GraphPlan):
 class RayBackend(Backend):
     """The in-order stream of one remote device (its actor runs one call at a time)."""
 
+    writes_in_stream_order = True             # writes and computes share the actor's queue
+
     def __init__(self, device: "RayDevice") -> None:
         super().__init__(device)
-        self.actor = device.actor
         self._pending: list[Any] = []         # refs of submitted calls
-        self._reads: dict[Any, np.ndarray] = {}   # ref of a read -> where its bytes go
+        self._reads: dict[Any, np.ndarray] = {}   # ref of a read -> the bytes it fills
         self._waits: list[Any] = []           # event refs the next call waits for
         self._last: Any = None                # the last call's ref (what an event marks)
 
@@ -73,14 +74,24 @@ class RayBackend(Backend):
         return self._remote_id(t) is not None
 
     def _set_tensor_async(self, t: Tensor, raw: np.ndarray, offset: int) -> None:
-        # Ray serialises the bytes when the call is made, so they may change afterwards
-        self._submit(self.actor.write.remote(self._remote_id(t), t.offset + offset, raw,
-                                             *self._after()))
+        self._write_host(self._remote_id(t), t.offset + offset, raw)
+
+    def _write_host(self, buffer_id: int, offset: int, raw: np.ndarray) -> None:
+        """Host bytes into the device in the stream's order (they may change once this
+        returns: Ray serialises them as the call is made, a held-back write copies them).
+        Without events to wait for, the write rides with the actor's next call."""
+        waits = self._after()
+        if waits:
+            self._submit(self.device.remote("write", buffer_id, offset, raw, *waits))
+        else:
+            self.device.write(buffer_id, offset, raw)
 
     def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        ref = self._submit(self.actor.read.remote(self._remote_id(t), t.offset + offset,
-                                                  out.nbytes, *self._after()))
-        self._reads[ref] = out
+        from .device import read_in_pieces
+
+        for ref, place in read_in_pieces(self.device, self._remote_id(t), t.offset + offset,
+                                         out, *self._after()):
+            self._reads[self._submit(ref)] = place
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
         """Into this device from another remote device (actor to actor) or from host memory
@@ -93,22 +104,23 @@ class RayBackend(Backend):
             return False
         if isinstance(source, RayBuffer):
             waits = backend_src._after() if isinstance(backend_src, RayBackend) else []
-            data = source.device.actor.read.remote(source.remote_id, src.offset, src.nbytes,
-                                                   *waits)
+            data = source.device.remote("read", source.remote_id, src.offset, src.nbytes,
+                                        *waits)
         elif source.is_host:
             backend_src.synchronize()
-            data = host_bytes(src)
+            self._write_host(buffer_id, dst.offset, host_bytes(src))
+            return True
         else:
             return False
-        self._submit(self.actor.write.remote(buffer_id, dst.offset, data, *self._after()))
+        self._submit(self.device.remote("write", buffer_id, dst.offset, data, *self._after()))
         return True
 
     def _synchronize(self) -> None:
         if self._waits:
-            self._submit(self.actor.marker.remote(*self._after()))
+            self._submit(self.device.remote("marker", *self._after()))
         pending, self._pending = self._pending, []
         reads, self._reads = self._reads, {}
-        if not pending:
+        if not pending and not self.device.unsettled:
             return
         results = self.device.call(pending, "the work queued on its stream")
         for ref, result in zip(pending, results):
@@ -118,7 +130,7 @@ class RayBackend(Backend):
 
     def set_numerics(self, numerics: str) -> None:
         """How the remote device computes (polydev.numerics), for the plans made after."""
-        self._submit(self.actor.set_numerics.remote(check_numerics(numerics)))
+        self._submit(self.device.remote("set_numerics", check_numerics(numerics)))
 
     # --- compute --------------------------------------------------------------------------------
 
@@ -127,16 +139,16 @@ class RayBackend(Backend):
         nodes = [n for n in graph.nodes
                  if (n.op not in VIEW_OPS and n.op != Op.NONE) or self._remote_id(n) is not None]
         plan_id = next(_plan_ids)
-        self._submit(self.actor.plan_create.remote(plan_id, graph_fields(nodes,
-                                                                         self._remote_id)))
+        self._submit(self.device.remote("plan_create", plan_id,
+                                        graph_fields(nodes, self._remote_id)))
         return RayGraphPlan(self, graph, plan_id)
 
     def _graph_plan_compute(self, plan: RayGraphPlan) -> None:   # type: ignore[override]
-        self._submit(self.actor.plan_compute.remote(plan.remote_id, *self._after()))
+        self._submit(self.device.remote("plan_compute", plan.remote_id, *self._after()))
 
     def _graph_plan_free(self, plan: RayGraphPlan) -> None:      # type: ignore[override]
         if not self.closed:
-            self._submit(self.actor.plan_free.remote(plan.remote_id))
+            self._submit(self.device.remote("plan_free", plan.remote_id))
 
     def _graph_compute(self, graph) -> None:
         plan = self._graph_plan_create(graph)
@@ -147,7 +159,7 @@ class RayBackend(Backend):
 
     def _event_record(self, event: Event) -> None:
         if self._last is None or self._waits:
-            self._submit(self.actor.marker.remote(*self._after()))
+            self._submit(self.device.remote("marker", *self._after()))
         event.ref = self._last
 
     def _event_wait(self, event: Event) -> None:
