@@ -227,8 +227,9 @@ def model_figures(label: str, ours: dict[str, list], theirs: dict[str, list] | N
         ratio = _med(split, key) / _med(one, key)
         detail = f"{_med(split, key):.1f} vs {_med(one, key):.1f} t/s"
         if theirs is not None:
-            detail += (f"; llama.cpp RPC {_med(theirs['split'], key) / _med(theirs['one'], key):.3f}"
-                       f" ({_med(theirs['split'], key):.1f} vs {_med(theirs['one'], key):.1f})")
+            split_rpc, one_rpc = _med(theirs["split"], key), _med(theirs["one"], key)
+            detail += (f"; llama.cpp RPC {split_rpc / one_rpc:.3f} ({split_rpc:.1f} vs "
+                       f"{one_rpc:.1f})")
         figures.append({"name": f"{label}: {what} split over two nodes / on node-a alone",
                         "value": round(ratio, 3), "unit": "ratio",
                         "target": 0.9 if key == "tg" else None, "better": "higher",
