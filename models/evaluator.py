@@ -14,6 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from .kv_cells import MAX_SEQUENCES
 from .kv_shift import KeyRope, KeyShiftGraph
 from .layers import Weights
 from .loader import ModelWeights
+from .pipeline import micro_batch_size, pipeline_stages
 from .step import StepGraph, StepShape
 
 __all__ = ["Evaluator", "Timings"]
@@ -89,7 +91,9 @@ class Evaluator(Resource):
             self.backends = [d.init_backend() for d in devices]
             for b in self.backends:
                 _set_numerics(b, check_numerics(numerics))
-            self.sched = Scheduler(self.backends, graph_size=_graph_size(self.hp))
+            self.stages = pipeline_stages(placement)
+            self.sched = Scheduler(self.backends, graph_size=_graph_size(self.hp),
+                                   parallel=self.stages > 1)
         except BaseException:
             for b in self.backends:
                 b.close()
@@ -191,15 +195,19 @@ class Evaluator(Resource):
         return UBatch(tokens, positions, seq_ids, outputs)
 
     def _run(self, ub: UBatch) -> np.ndarray:
-        """Evaluate ``ub`` in pieces of ``n_batch``; the logits of its output rows. When a
-        piece fails, the tokens of ``ub`` already cached are forgotten (llama.cpp's rollback)."""
+        """Evaluate ``ub`` in pieces of ``n_batch`` (micro-batches over a pipeline); the
+        logits of its output rows. When a piece fails, the tokens of ``ub`` already cached
+        are forgotten (llama.cpp's rollback)."""
         if ub.n_tokens > self.kv.cells.free:
             raise self._context_full(ub.n_tokens)
         self._turn_moved_keys()
-        start, rows = time.perf_counter(), []
+        start = time.perf_counter()
         try:
-            for piece in ub.split(self.n_batch):
-                rows.append(self._step(piece))
+            size = micro_batch_size(ub.n_tokens, self.n_batch, self.stages)
+            reads = [self._step(piece) for piece in ub.split(size)]
+            if self.stages > 1:
+                self.sched.synchronize()
+            rows = [read() for read in reads]
         except BaseException:
             for seq in np.unique(ub.seq_ids):    # the cells only: no edit of the sequences
                 self.kv.cells.seq_rm(int(seq), int(ub.positions[ub.seq_ids == seq].min()))
@@ -224,21 +232,28 @@ class Evaluator(Resource):
         self.sched.compute(g.graph)
         cells.take_shift()
 
-    def _step(self, ub: UBatch) -> np.ndarray:
+    def _step(self, ub: UBatch) -> Callable[[], np.ndarray]:
+        """Queue ``ub``'s step; what gives its output rows (over a pipeline, once the
+        scheduler has synchronized: the rows are read on the output's stream)."""
         wanted = ub.outputs.size
         if not wanted:              # a graph outputs at least one row; none is returned
             ub = replace(ub, outputs=np.array([ub.n_tokens - 1], dtype=np.int32))
         g, cells = self.prepare(ub)
         self.sched.alloc_graph(g.graph)
         g.set_inputs(ub, cells)
-        self.sched.compute(g.graph)
+        width = self.hp.n_embd if self.embeddings else self.hp.n_vocab
+        if self.stages > 1:
+            self.sched.compute_async(g.graph)
+            raw = np.empty(g.logits.nbytes, np.uint8)
+            self.sched.get_tensor_backend(g.logits).get_tensor_async(g.logits, raw)
+        else:
+            self.sched.compute(g.graph)
+            raw = tensor_get(g.logits)
         if g is not self._last_graph:        # the same graph again keeps its splits
             self.timings.splits = self.sched.splits_per_backend()
             self._last_graph = g
         self.timings.copied_bytes = dict(self.sched.copied_bytes)
-        raw = tensor_get(g.logits)
-        width = self.hp.n_embd if self.embeddings else self.hp.n_vocab
-        return raw.view(np.float32).reshape(-1, width)[:wanted]
+        return lambda: raw.view(np.float32).reshape(-1, width)[:wanted]
 
     def _describe(self) -> str:
         return "the evaluator"

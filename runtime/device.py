@@ -137,6 +137,12 @@ class Device:
         return None
 
     @property
+    def host(self) -> str:
+        """The machine the device is in ("local": this one; a remote device, its node's
+        address): CPU devices of one host compute on the same cores."""
+        return "local"
+
+    @property
     def lost(self) -> str | None:
         """Why the device is out of service for good (a remote device whose node is gone);
         None while it serves. A local device is never lost."""

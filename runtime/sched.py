@@ -301,17 +301,17 @@ class Scheduler(Resource):
 
     def _placed(self, graph: Graph) -> _Step:
         """``graph``'s placement: kept from an earlier allocation of the same graph object
-        (no node or leaf added since), else planned."""
-        if self.n_copies > 1:       # a step's twins read the copy slot it was built for
-            return self._plan(graph)
+        (no node or leaf added since) in the same copy slot (a step's twins read the slot
+        it was built for), else planned."""
         size = (graph.n_nodes, graph.n_leafs)
-        kept = self._kept.get(id(graph))
+        key = (id(graph), self.cur_copy)
+        kept = self._kept.get(key)
         if kept is not None and kept[0] is graph and kept[1] == size:
-            self._kept.move_to_end(id(graph))
+            self._kept.move_to_end(key)
             return kept[2]
         step = self._plan(graph)
-        self._kept[id(graph)] = (graph, size, step)
-        while len(self._kept) > _GRAPHS_KEPT:
+        self._kept[key] = (graph, size, step)
+        while len(self._kept) > _GRAPHS_KEPT * self.n_copies:
             self._kept.popitem(last=False)
         return step
 

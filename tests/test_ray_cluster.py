@@ -121,6 +121,59 @@ def test_a_model_split_over_two_nodes_gives_the_local_logits_at_every_position(c
         assert list(split.generated) == want_ids
 
 
+def _prompt_and_step(model, tokens, pieces: int = 1):
+    """Every position's logits of ``tokens``, then those of a decode step of 4 sequences;
+    with ``pieces``, each evaluated in that many calls (the arithmetic of micro-batches: a
+    product's kernel, and so its rounding, follows the batch's width)."""
+    from polydev.models import Batch
+
+    model.reset()
+    size = -(-len(tokens) // pieces)
+    prompt = []
+    for first in range(0, len(tokens), size):
+        model.eval(tokens[first:first + size], all_logits=True)
+        prompt.append(model.logits())
+    batch = Batch()
+    for seq in range(4):
+        batch.add_sequence(tokens[:3 + seq], seq, logits="last")
+    model.reset()
+    model.decode(batch)
+    step = []
+    for first in range(0, 4, 4 // pieces):
+        piece = Batch()
+        for seq in range(first, first + 4 // pieces):
+            piece.add(100 + seq, seq, logits=True)
+        step.append(model.decode(piece))
+    return np.concatenate(prompt), np.concatenate(step)
+
+
+def test_a_split_over_two_hosts_pipelines_micro_batches_and_gives_the_local_logits(
+        cluster, monkeypatch):
+    """Stages on two hosts (node-b's device made to look like another machine's): the
+    scheduler keeps copies of its inputs, a prompt and a decode step of 4 sequences go as
+    two micro-batches each, node-a's next while node-b's last, and every logit is the local
+    run's. Stages of one host (the real case here) do not pipeline."""
+    pytest.importorskip("gguf")
+    from polydev.models import load
+
+    _, devices, _ = cluster
+    a, b = devices["node-a"], devices["node-b"]
+    path = model_path(SMOLLM2)
+    with load(path, devices=[], n_ctx=256, progress=False) as local:
+        tokens = local.tokenize("Pipelines keep every node busy, one micro-batch apiece.")
+        want = _prompt_and_step(local, tokens, pieces=2)
+    knobs = dict(devices=[a.name, b.name], n_gpu_layers=99, tensor_split=[1, 1], n_ctx=256,
+                 progress=False)
+    with load(path, **knobs) as one_host:
+        assert one_host.evaluator.stages == 0
+    monkeypatch.setattr(b, "_host", "10.255.0.2")
+    with load(path, **knobs) as split:
+        assert split.evaluator.stages == 2 and split.evaluator.sched.n_copies > 1
+        got = _prompt_and_step(split, tokens)
+    for mine, theirs in zip(got, want):
+        np.testing.assert_array_equal(mine, theirs)
+
+
 # --- a lost node ------------------------------------------------------------------------------
 
 def test_a_stalled_device_is_found_lost_by_its_heartbeat(cluster, monkeypatch):

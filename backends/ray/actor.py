@@ -76,7 +76,8 @@ class DeviceActor:
                 "alignment": buft.alignment, "max_size": buft.max_size,
                 "pads_tensors": overrides(buft, BufferType, "_alloc_size"),
                 "free": free, "total": total, "pid": os.getpid(),
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "host": ray.util.get_node_ip_address()}
 
     def _public_name(self) -> str:
         """The device's name on its node: a GPU actor sees only the GPU Ray gave it (as

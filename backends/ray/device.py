@@ -48,6 +48,7 @@ class RayDevice(Device):
         self.node = node
         self.node_id: str = info["node_id"]   # Ray's id of the node the actor runs on
         self.pid: int = info["pid"]           # the actor's process on that node
+        self._host: str = info["host"]
         self.actor = actor
         self.remote_name = info["name"]
         self.type = DeviceType(info["type"])
@@ -59,6 +60,11 @@ class RayDevice(Device):
         self._held: list[tuple[int, int, np.ndarray]] = []     # writes not sent yet
         self._held_bytes = 0
         self._files: dict[str, bool] = {}     # path -> whether the node has the driver's file
+
+    @property
+    def host(self) -> str:
+        """The node's address (nodes of one machine share it)."""
+        return self._host
 
     @property
     def lost(self) -> str | None:

@@ -64,13 +64,6 @@ class Heartbeat:
                                                 daemon=True)
                 self._thread.start()
 
-    def forget(self, device: "RayDevice") -> None:
-        """Stop pinging ``device``."""
-        with self._lock:
-            w = self._watched.get(device.name)
-            if w is not None and w.device is device:
-                del self._watched[device.name]
-
     def stop(self) -> None:
         """Stop pinging everything (the thread ends within one period)."""
         with self._lock:
