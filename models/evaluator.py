@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from polydev import Backend, Scheduler, tensor_get, tensor_set
-from polydev.errors import ContextFullError, InvalidArgumentError
+from polydev.errors import ContextFullError, InvalidArgumentError, PolydevError
 from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, check_numerics
 
@@ -209,11 +209,22 @@ class Evaluator(Resource):
                 self.sched.synchronize()
             rows = [read() for read in reads]
         except BaseException:
+            if self.stages > 1:
+                self._drain()
             for seq in np.unique(ub.seq_ids):    # the cells only: no edit of the sequences
                 self.kv.cells.seq_rm(int(seq), int(ub.positions[ub.seq_ids == seq].min()))
             raise
         self.timings.add(ub.n_tokens, time.perf_counter() - start, ub.n_tokens > 1)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)   # one step: no copy
+
+    def _drain(self) -> None:
+        """Wait out what a failed pipelined batch left queued on every stream, so that the
+        next batch does not meet its error."""
+        for backend in self.backends:
+            try:
+                backend.synchronize()
+            except PolydevError as e:
+                log.debug("%s after a failed batch: %s", backend.name, e)
 
     def _turn_moved_keys(self) -> None:
         """Turn the cached keys of cells that ``seq_add`` moved, before a step reads them,

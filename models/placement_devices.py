@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
 import polydev
-from polydev.device import Device, DeviceType
+from polydev.device import Device, DeviceType, lost_text
 from polydev.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -38,24 +38,26 @@ def in_service(offload: list[Device], settings: "PlacementSettings"
                ) -> tuple[list[Device], "PlacementSettings"]:
     """The offload devices that are not lost (a remote device whose node is gone), and the
     settings without the lost ones' ``tensor_split`` shares: their layers go to the devices
-    that remain, as if they had never been named (a model placed again after a node is lost
-    runs on what is left)."""
+    that remain (a model placed again after a node is lost runs on what is left). A lost
+    ``main_gpu`` gives way to the first device that remains."""
     lost = {i for i, d in enumerate(offload) if d.lost is not None}
     if not lost:
         return offload, settings
     for i in sorted(lost):
-        log.warning("%s is lost (%s): its layers go to the devices that remain", offload[i].name,
-                    offload[i].lost)
+        log.warning("%s: its layers go to the devices that remain",
+                    lost_text(offload[i].name, offload[i].lost))
     split = tuple(x for i, x in enumerate(settings.tensor_split) if i not in lost)
+    main = settings.main_gpu
+    main = 0 if main in lost else main - sum(i < main for i in lost)
     return ([d for i, d in enumerate(offload) if i not in lost],
-            dataclasses.replace(settings, tensor_split=split))
+            dataclasses.replace(settings, tensor_split=split, main_gpu=max(main, 0)))
 
 
 def map_target(target: Any, offload: list[Device], cpu: Device) -> Device:
     """A device named in a knob: a Device, an index among the offload devices, or a name,
     looked up among the devices in play before the registry ("GPU1", "cuda:0", "cpu")."""
     if isinstance(target, Device):
-        return target
+        return _unless_lost(target, cpu)
     if isinstance(target, int) and not isinstance(target, bool):
         if not 0 <= target < len(offload):
             raise InvalidArgumentError(f"device index {target} is not an offload device "
@@ -64,9 +66,12 @@ def map_target(target: Any, offload: list[Device], cpu: Device) -> Device:
     for device in (*offload, cpu):
         if isinstance(target, str) and device.name.lower() == target.strip().lower():
             return device
-    device = polydev.device(target)
-    if device.lost is not None:
-        log.warning("%s is lost (%s): what a rule puts there stays on the CPU", device.name,
-                    device.lost)
-        return cpu
-    return device
+    return _unless_lost(polydev.device(target), cpu)
+
+
+def _unless_lost(device: Device, cpu: Device) -> Device:
+    if device.lost is None:
+        return device
+    log.warning("%s: what a rule puts there stays on the CPU", lost_text(device.name,
+                                                                           device.lost))
+    return cpu

@@ -109,6 +109,11 @@ class DeviceProps:
     caps: DeviceCaps
 
 
+def lost_text(name: str, reason: str) -> str:
+    """How a lost device is named in messages: "ray:node-b/CPU is lost: why"."""
+    return f"{name} is lost: {reason}"
+
+
 class Device:
     """One physical or logical device; see the module docstring for its hooks."""
 

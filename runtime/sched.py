@@ -33,7 +33,7 @@ from .buffer import BufferType, tensor_copy
 from .context import Context
 from .device import Backend, DeviceType, Event, tensor_copy_async
 from .env import env_int
-from .errors import AllocationError, InvalidArgumentError
+from .errors import AllocationError, InvalidArgumentError, PolydevError
 from .graph import DEFAULT_GRAPH_SIZE, Graph
 from .lifetime import Resource
 from .ops import VIEW_OPS, Op
@@ -106,7 +106,9 @@ class Scheduler(Resource):
         self._signature: tuple | None = None
         self._last_graph: Graph | None = None      # the graph the signature belongs to
         self._last_step: _Step | None = None       # and its placement
-        self._kept: OrderedDict[int, tuple[Graph, tuple[int, int], _Step]] = OrderedDict()
+        # (id of a graph, copy slot) -> (the graph, its size, its step)
+        self._kept: OrderedDict[tuple[int, int], tuple[Graph, tuple[int, int], _Step]] = \
+            OrderedDict()
         self._allocated_graph: Graph | None = None
         self._allocated_size = (0, 0)
         self._plans = SplitPlans(keep=self.n_copies * _GRAPHS_KEPT)
@@ -254,7 +256,10 @@ class Scheduler(Resource):
         backends stay the caller's)."""
         for b in self.backends:
             if not b.closed:
-                b.synchronize()
+                try:
+                    b.synchronize()
+                except PolydevError as e:     # a lost remote device: free the rest
+                    log.warning("closing the scheduler: %s", e)
         self._plans.clear()
         for row in self.events:
             for e in row:

@@ -173,9 +173,8 @@ async def _slot_action(request: Request, worker: ModelWorker, folder: str | None
         raise RequestError(f"no slot {request.path_params['id_slot']!r}: slots are numbered",
                            param="id_slot") from None
     action = request.query_params.get("action")
-    engine = worker.engine
-    if action == "erase":
-        erased = await _on_model_thread(worker, lambda: engine.erase_slot(slot))
+    if action == "erase":     # the engine of the moment the call runs (a lost device replaces it)
+        erased = await _on_model_thread(worker, lambda: worker.engine.erase_slot(slot))
         return JSONResponse({"id_slot": slot, "n_erased": erased})
     if action not in ("save", "restore"):
         raise RequestError('action must be "save", "restore" or "erase"', param="action")
@@ -187,10 +186,10 @@ async def _slot_action(request: Request, worker: ModelWorker, folder: str | None
         raise RequestError(str(e), param="filename") from None
     start = time.perf_counter()
     if action == "save":
-        n, size = await _on_model_thread(worker, lambda: engine.save_slot(slot, path))
+        n, size = await _on_model_thread(worker, lambda: worker.engine.save_slot(slot, path))
         return JSONResponse({"id_slot": slot, "filename": name, "n_saved": n,
                              "n_written": size, "timings": {"save_ms": _ms_since(start)}})
-    n, size = await _on_model_thread(worker, lambda: engine.restore_slot(slot, path))
+    n, size = await _on_model_thread(worker, lambda: worker.engine.restore_slot(slot, path))
     return JSONResponse({"id_slot": slot, "filename": name, "n_restored": n, "n_read": size,
                          "timings": {"restore_ms": _ms_since(start)}})
 
@@ -329,8 +328,7 @@ def _submit_choices(worker: ModelWorker, gen: Generation, ids: list[int], constr
     try:
         for i in range(gen.n):
             handles.append(worker.submit(
-                ids, asyncio.get_running_loop(), queue, index=i,
-                max_tokens=worker.model.n_ctx if gen.max_tokens is None else gen.max_tokens,
+                ids, asyncio.get_running_loop(), queue, index=i, max_tokens=gen.max_tokens,
                 params=_choice_params(gen, i), stops=gen.stops, constraint=constraints[i],
                 logprobs=gen.logprobs, show_special=gen.tools is not None))
     except BaseException:

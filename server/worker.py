@@ -18,7 +18,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from polydev.errors import MissingDependencyError, RemoteDeviceError
+from polydev.device import lost_text
+from polydev.errors import MissingDependencyError, PolydevError, RemoteDeviceError
 from polydev.models import Model
 from polydev.models.embedding_engine import EmbeddingEngine
 from polydev.models.engine import BatchEngine, Event, Handle
@@ -96,12 +97,15 @@ class ModelWorker:
 
     def submit(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop,
                queue: asyncio.Queue, *, index: int = 0, **settings: Any) -> Handle:
-        """Queue a request (``settings``: ``BatchEngine.submit``'s); its events are put on
-        ``queue`` in ``loop`` as (``index``, event)."""
+        """Queue a request (``settings``: ``BatchEngine.submit``'s; ``max_tokens=None``: up
+        to the context); its events are put on ``queue`` in ``loop`` as (``index``,
+        event)."""
         def on_event(event: Event) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (index, event))
         with self._swap:
             self._check_serving()
+            if settings.get("max_tokens", 0) is None:       # up to the context
+                settings["max_tokens"] = self.model.n_ctx
             return self.engine.submit(prompt, on_event, **settings)
 
     @property
@@ -141,7 +145,9 @@ class ModelWorker:
                 result, error = None, e
             loop.call_soon_threadsafe(_settle, future, result, error)
         self._calls.put(run)
-        self.engine.wake()
+        engine = self.engine
+        if engine is not None:
+            engine.wake()
         return future
 
     def stop(self, drain_seconds: float = 30.0) -> None:
@@ -163,15 +169,15 @@ class ModelWorker:
         return f"{_lost_text(self.lost)}; the model is being placed over the devices that remain"
 
     def _check_serving(self) -> None:
-        if self.state == "placing":
+        state = self.state
+        if state == "placing":
             raise RemoteDeviceError(self.placing_message())
+        if state != "ready":
+            raise RuntimeError(f"the model is {state}")
 
     def _main(self) -> None:
         if not self._start_models():
             return
-        if not self.embeddings:
-            threading.Thread(target=_prepare_grammars, args=(self.model,), daemon=True,
-                             name="polydev-grammar-vocabulary").start()
         try:
             while not self._stopping.is_set():
                 while not self._calls.empty():
@@ -190,6 +196,8 @@ class ModelWorker:
             self.engine.abort(e if isinstance(e, Exception) else RuntimeError(repr(e)))
         finally:
             self._close_models()
+            while not self._calls.empty():    # each settles its future with the error
+                self._calls.get()()
 
     def _start_models(self) -> bool:
         """Load the model (its drafter, its engine); False, with ``error`` set, on a
@@ -212,6 +220,9 @@ class ModelWorker:
         self._ready.set()
         log.info("model loaded: %r, %s", self.model, f"embeddings ({self.pooling} pooling)"
                  if self.embeddings else f"{self.n_slots} slots")
+        if not self.embeddings:
+            threading.Thread(target=_prepare_grammars, args=(self.model,), daemon=True,
+                             name="polydev-grammar-vocabulary").start()
         return True
 
     def _place_again(self, lost: dict[str, str]) -> bool:
@@ -224,7 +235,10 @@ class ModelWorker:
         with self._swap:
             self._placing_again.set()
             self.engine.abort(error)
-        self._close_models()
+        try:
+            self._close_models()
+        except PolydevError as e:             # what the lost device held is gone with it
+            log.warning("closing the model after %s: %s", _lost_text(lost), e)
         self.model = self.engine = self.drafter = None
         try:
             return self._start_models()
@@ -245,4 +259,4 @@ def _lost_devices(model: Model) -> dict[str, str]:
 
 
 def _lost_text(lost: dict[str, str]) -> str:
-    return "; ".join(f"{name} is lost ({why})" for name, why in lost.items())
+    return "; ".join(lost_text(name, why) for name, why in lost.items())

@@ -218,6 +218,9 @@ def test_a_lost_device_gives_its_layers_and_its_share_to_the_devices_that_remain
     assert plan.device_of("blk.1.attn_k.weight").name == "CPU"   # a rule's lost target
     only_lost = plan_placement(model, devices=[gpus[1]], n_gpu_layers=-1)
     assert set(names(only_lost)) == {"CPU"}
+    for main_gpu, main in ((1, "GPU0"), (2, "GPU2")):        # the lost main: the first left
+        plan = plan_placement(model, devices=gpus, split_mode="none", main_gpu=main_gpu)
+        assert set(names(plan)) == {main}
 
 
 def test_default_split_follows_free_memory(model):

@@ -2,9 +2,10 @@
 each its own raylet with its own CPUs and node id, as Ray's own tests build clusters
 (``ray.cluster_utils.Cluster``). One CPU device actor on each node.
 
-The cluster starts once for the module. The last two tests take a worker node away each (its
+The cluster starts once for the module. The last tests take a worker node away each (its
 raylet killed): node-c while a model split over node-a and node-c generates, node-b while a
-server with the model split over node-a and node-b streams to 8 clients.
+server with the model split over node-a and node-b streams to 8 clients; then node-b
+returns.
 """
 
 from __future__ import annotations
@@ -291,3 +292,23 @@ def test_a_server_over_two_nodes_ends_its_streams_and_serves_again_without_a_los
         status, _, body = request(url, "POST", "/v1/completions",
                                   {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
         assert status == 200 and body["usage"]["completion_tokens"] == 4
+
+
+def test_a_node_that_returns_under_its_name_gets_its_device_back(cluster):
+    """node-b (lost in the test before) starts again under its name: connecting again
+    starts its device under the same name in place of the lost one (and the other lost
+    devices of alive nodes), and no second actor for a device that serves."""
+    from polydev.backends import ray as polydev_ray
+
+    built, devices, _ = cluster
+    lost = devices["node-b"]
+    assert lost.lost is not None
+    built.add_node(num_cpus=1, object_store_memory=80 << 20, node_name="node-b")
+    built.wait_for_nodes()
+    before = {d.name: d for d in polydev.devices()}
+    back = {d.name: d for d in polydev_ray.connect(None, devices=["CPU"])}
+    assert lost.name in back and all(before[name].lost for name in back)   # only lost ones
+    device = back[lost.name]
+    assert device is not lost and device.lost is None and device.memory()[1] > 0
+    assert polydev.device(lost.name) is device
+    assert sorted(d.name for d in polydev.devices()) == sorted(before)

@@ -40,18 +40,12 @@ def _make_reg() -> Reg:
     address = env_text("POLYDEV_RAY_ADDRESS")
     if address is None:
         return Reg("Ray", unavailable_reason=_NOT_CONNECTED, procs=_PROCS)
-    devices = _start_devices(address, None, {})
-    for device in devices:
-        heartbeat().watch(device)
+    devices = _start_devices(address, None, {}, set())
+    heartbeat().watch(devices)
     return Reg("Ray", devices, procs=_PROCS)
 
 
-def _set_numerics(backend: Any, numerics: str) -> None:
-    """How the remote device computes (polydev.numerics), in its stream's order."""
-    backend.set_numerics(numerics)
-
-
-_PROCS = {"set_numerics": _set_numerics}
+_PROCS = {"set_numerics": lambda backend, numerics: backend.set_numerics(numerics)}
 register = reg_once(_make_reg)
 
 
@@ -60,24 +54,29 @@ def connect(address: str | None = "local", devices: Sequence[str] | None = None,
     """Join the Ray cluster at ``address`` ("local": start one on this machine; None: the
     one this process already joined), start an actor per device (only the device names in
     ``devices``, such as ["CPU", "OpenCL0"], when given) and register them. Returns the new
-    devices (a device connected before stays as it was, unless it was lost: a node that
-    returns replaces its lost devices). ``init_kwargs`` go to ``ray.init``."""
-    found = _start_devices(address, devices, init_kwargs)     # MissingDependencyError first
+    devices (a device connected before stays as it was; a lost one is replaced where its
+    node is back under the same name). ``init_kwargs`` go to ``ray.init``."""
+    reg = registry().register(register())
+    serving = {(d.node_id, d.remote_name) for d in reg.devices if d.lost is None}
+    found = _start_devices(address, devices, init_kwargs, serving)   # MissingDependencyError
     import ray
 
-    reg = registry().register(register())
     known = {d.name: d for d in reg.devices}
+    added = []
     for device in found:
         before = known.get(device.name)
-        if before is not None and before.lost is None:   # connected: the first actor stays
+        if before is not None and before.lost is None:    # another node took its name
+            log.warning("Ray: %s is connected already; its namesake on node %s is left out",
+                        device.name, device.node_id)
             ray.kill(device.actor, no_restart=True)
             continue
         if before is not None:
             reg.devices.remove(before)
         reg.add_device(device)
-        heartbeat().watch(device)
+        added.append(device)
+    heartbeat().watch(added)
     reg.unavailable_reason = None if reg.devices else "no devices were found on the cluster"
-    return [d for d in found if d in reg.devices]
+    return added
 
 
 def disconnect() -> None:
@@ -94,8 +93,11 @@ def disconnect() -> None:
 
 # --- starting the actors ----------------------------------------------------------------------
 
-def _start_devices(address: str | None, names: Sequence[str] | None,
-                   init_kwargs: dict) -> list[Device]:
+def _start_devices(address: str | None, names: Sequence[str] | None, init_kwargs: dict,
+                   serving: set[tuple[str, str]]) -> list[Device]:
+    """An actor for each device of every alive node, but those of ``names`` only where given,
+    and none for the devices in ``serving`` (connected and answering: (node id, the device's
+    name on its node))."""
     try:
         import ray
     except ImportError as e:
@@ -104,24 +106,25 @@ def _start_devices(address: str | None, names: Sequence[str] | None,
     if not ray.is_initialized():
         ray.init(address=None if address == "local" else address, **init_kwargs)
     wanted = None if names is None else {n.lower() for n in names}
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
     found: list[Device] = []
-    for node, label in node_labels(nodes):
-        found += _node_devices(ray, node, label, wanted)
-    log.info("Ray: %d devices on %d nodes", len(found), len(nodes))
+    labels = node_labels(ray.nodes())
+    for node, label in labels:
+        found += _node_devices(ray, node, label, wanted, serving)
+    log.info("Ray: %d devices started on %d nodes", len(found), len(labels))
     return found
 
 
 def node_labels(nodes: Sequence[dict]) -> list[tuple[dict, str]]:
-    """Each alive node with the name its devices carry (``ray:<label>/<device>``), the head
-    first, then by name: the node's name (``ray start --node-name``, its address by default),
-    and where several nodes share one (nodes of one host), that name and the node manager's
-    port, so that no two devices are named alike."""
+    """Each alive node of ``nodes`` (``ray.nodes()``) with the name its devices carry
+    (``ray:<label>/<device>``), the head first, then by name: the node's name (``ray start
+    --node-name``, its address by default), and where several alive nodes share one (nodes of
+    one host), that name and the node manager's port, so that no two devices are named alike.
+    A node that comes back under its name gets its devices' names back."""
     def order(node: dict) -> tuple:
         head = "node:__internal_head__" in node.get("Resources", {})
-        return (not head, _node_name(node), node.get("NodeManagerPort", 0))
+        return (not head, _node_name(node), node["NodeManagerPort"])
 
-    nodes = sorted(nodes, key=order)
+    nodes = sorted((n for n in nodes if n.get("Alive", True)), key=order)
     counts: dict[str, int] = {}
     for node in nodes:
         counts[_node_name(node)] = counts.get(_node_name(node), 0) + 1
@@ -138,7 +141,8 @@ def _node_name(node: dict) -> str:
     return node.get("NodeName") or node["NodeManagerAddress"]
 
 
-def _node_devices(ray: Any, node: dict, label: str, wanted: set[str] | None) -> list[Device]:
+def _node_devices(ray: Any, node: dict, label: str, wanted: set[str] | None,
+                  serving: set[tuple[str, str]]) -> list[Device]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from .actor import HEARTBEAT_GROUP, DeviceActor, node_devices
@@ -151,10 +155,15 @@ def _node_devices(ray: Any, node: dict, label: str, wanted: set[str] | None) -> 
     # (the device's name inside its actor, Ray's CPUs, Ray's GPUs): the probe's devices
     # (it holds no GPU, so it sees none), then one CUDA actor per GPU of the node, which
     # sees its GPU as CUDA0
+    here_serving = {name for node_id, name in serving if node_id == node["NodeID"]}
     owned = [(e["name"], cpus, 0) for e in listed if not e["name"].startswith("CUDA")
-             and (wanted is None or e["name"].lower() in wanted)]
-    owned = _fitting(owned, node, label, cpus)
-    owned += [("CUDA0", 0, 1)] * int(node.get("Resources", {}).get("GPU", 0))
+             and (wanted is None or e["name"].lower() in wanted)
+             and e["name"] not in here_serving]
+    held = sum(not n.startswith("CUDA") for n in here_serving) * cpus
+    owned = _fitting(owned, node, label, cpus, held)
+    free_gpus = int(node.get("Resources", {}).get("GPU", 0)) - sum(
+        n.startswith("CUDA") for n in here_serving)
+    owned += [("CUDA0", 0, 1)] * max(free_gpus, 0)
     devices = []
     for name, n_cpus, n_gpus in owned:
         actor = ray.remote(concurrency_groups={HEARTBEAT_GROUP: 1})(DeviceActor).options(
@@ -168,12 +177,13 @@ def _node_devices(ray: Any, node: dict, label: str, wanted: set[str] | None) -> 
     return devices
 
 
-def _fitting(owned: list[tuple[str, int, int]], node: dict, label: str,
-             cpus: int) -> list[tuple[str, int, int]]:
-    """The devices whose actors the node's CPUs can hold (an actor Ray cannot place would
-    leave its device waiting for the time-out); the rest are left out, saying why."""
-    node_cpus = node.get("Resources", {}).get("CPU", 0)
-    fit = len(owned) if cpus == 0 else int(node_cpus // cpus)
+def _fitting(owned: list[tuple[str, int, int]], node: dict, label: str, cpus: int,
+             held: int) -> list[tuple[str, int, int]]:
+    """The devices whose actors the node's CPUs can hold beside the ``held`` CPUs of its
+    devices connected before (an actor Ray cannot place would leave its device waiting for
+    the time-out); the rest are left out, saying why."""
+    node_cpus = node.get("Resources", {}).get("CPU", 0) - held
+    fit = len(owned) if cpus == 0 else max(int(node_cpus // cpus), 0)
     if fit < len(owned):
         log.warning("Ray: node %s has %g CPUs, so it holds %d device actors of %d CPUs each "
                     "(POLYDEV_RAY_CPUS); left out: %s", label, node_cpus, fit, cpus,

@@ -11,13 +11,17 @@ call starts.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
 
 from polydev.errors import WireError
 
-__all__ = ["HEARTBEAT_GROUP", "DeviceActor", "catalogue"]
+from .call_queue import MAX_PIECES
+from .wire_checks import is_count
+
+__all__ = ["HEARTBEAT_GROUP", "DeviceActor", "NodeWatch", "catalogue"]
 
 # the actor's second thread: heartbeats are answered there, never behind a computation (its
 # default group has one thread, so the device's calls still run one at a time, in order)
@@ -94,7 +98,9 @@ class DeviceActor:
 
     def alloc_size(self, fields: tuple) -> int:
         from .wire import loose_tensor
+        from .wire_checks import check_shape_fields
 
+        check_shape_fields(fields)
         return self.device.buffer_type.alloc_size(loose_tensor(fields))
 
     def op_names(self) -> list[str]:
@@ -102,26 +108,38 @@ class DeviceActor:
 
     def supports_op(self, node_fields: tuple) -> bool:
         from .wire import loose_node
+        from .wire_checks import check_node_signature
 
+        check_node_signature(node_fields)
         return self.device.supports_op(loose_node(node_fields))
 
     # --- buffers ----------------------------------------------------------------------------------
 
     def alloc(self, buffer_id: int, size: int) -> None:
-        if not isinstance(buffer_id, int) or buffer_id in self.buffers:
+        max_size = self.device.buffer_type.max_size
+        if not is_count(buffer_id) or buffer_id in self.buffers:
             raise WireError(f"buffer id {buffer_id!r} is taken or not an id")
-        if not isinstance(size, int) or size < 0:
-            raise WireError(f"a buffer of {size!r} bytes: a size is a count of bytes")
+        if not is_count(size) or size > max_size:
+            raise WireError(f"a buffer of {size!r} bytes: a size is a count of bytes, at most "
+                            f"the device's {max_size}")
         self.buffers[buffer_id] = self.device.buffer_type.alloc_buffer(size)
 
+    def _bytes(self, buffer_id: int, offset: int, size: int) -> Any:
+        """A byte tensor over ``size`` bytes at ``offset`` of a buffer, which must hold them."""
+        buffer = self._buffer(buffer_id)
+        if not (is_count(offset) and is_count(size) and offset + size <= buffer.size):
+            raise WireError(f"bytes {offset!r} to {offset!r} + {size!r} are not within buffer "
+                            f"{buffer_id}'s {buffer.size}")
+        return _bytes_at(buffer, offset, size)
+
     def _buffer(self, buffer_id: int) -> Any:
-        buffer = self.buffers.get(buffer_id) if isinstance(buffer_id, int) else None
+        buffer = self.buffers.get(buffer_id) if is_count(buffer_id) else None
         if buffer is None:
             raise WireError(f"buffer {buffer_id!r} is not one of this device's")
         return buffer
 
     def _plan(self, plan_id: int) -> Any:
-        plan = self.plans.get(plan_id) if isinstance(plan_id, int) else None
+        plan = self.plans.get(plan_id) if is_count(plan_id) else None
         if plan is None:
             raise WireError(f"plan {plan_id!r} is not one of this device's")
         return plan
@@ -129,6 +147,8 @@ class DeviceActor:
     def set_usage(self, buffer_id: int, usage: int) -> None:
         from polydev.buffer import BufferUsage
 
+        if usage not in {int(u) for u in BufferUsage}:
+            raise WireError(f"usage {usage!r} is not a buffer usage")
         self._buffer(buffer_id).usage = BufferUsage(usage)
 
     def free(self, buffer_id: int) -> None:
@@ -141,8 +161,8 @@ class DeviceActor:
         """Bytes into a buffer (``after``: events this write waits for, already resolved)."""
         if not isinstance(data, np.ndarray):
             raise WireError(f"a write carries bytes as a numpy array, not {type(data).__name__}")
+        view = self._bytes(buffer_id, offset, data.nbytes)
         self.backend.synchronize()
-        view = _bytes_at(self._buffer(buffer_id), offset, data.nbytes)
         from polydev.buffer import tensor_set
 
         tensor_set(view, data)
@@ -160,20 +180,21 @@ class DeviceActor:
         driver's bytes (``file_digest``): bytes that differ are an error, never written."""
         from .file_digest import bytes_digest
 
-        if not all(isinstance(v, int) and v >= 0 for v in (file_offset, size)):
-            raise WireError("a file's offset and size are counts of bytes")
+        self._bytes(buffer_id, offset, size)          # the buffer holds them: then read
+        if not (isinstance(path, str) and is_count(file_offset)):
+            raise WireError("a file is read by its path, from a byte offset")
         try:
             with open(path, "rb") as f:
                 f.seek(file_offset)
                 data = f.read(size)
-        except (OSError, TypeError) as e:
+        except OSError as e:
             raise WireError(f"{path!r} cannot be read on this node: {e}") from None
         if len(data) != size or bytes_digest(data) != digest:
             raise WireError(f"{path} on this node differs from the driver's at bytes "
                             f"{file_offset}..{file_offset + size}")
         self.write(buffer_id, offset, np.frombuffer(data, np.uint8))
 
-    def write_many(self, writes: list) -> None:
+    def write_many(self, writes: list[tuple[int, int, np.ndarray]]) -> None:
         """The writes the driver held back, in their order: (buffer id, offset, bytes)."""
         if not isinstance(writes, list):
             raise WireError("held-back writes come as a list")
@@ -182,27 +203,31 @@ class DeviceActor:
                 raise WireError("a held-back write is (buffer id, offset, bytes)")
             self.write(*entry)
 
-    def read_pieces(self, buffer_id: int, offset: int, sizes: list, *after: Any) -> Any:
+    def read_pieces(self, buffer_id: int, offset: int, sizes: list[int],
+                    *after: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """Consecutive pieces of ``sizes`` bytes from ``offset``, each its own return value
         (small enough for Ray to carry in its reply)."""
-        if not (isinstance(sizes, list) and sizes and all(isinstance(n, int) for n in sizes)):
-            raise WireError("a read in pieces needs a list of sizes")
+        if not (isinstance(sizes, list) and 0 < len(sizes) <= MAX_PIECES
+                and all(is_count(n) for n in sizes)):
+            raise WireError(f"a read in pieces needs a list of at most {MAX_PIECES} sizes")
         data = self.read(buffer_id, offset, sum(sizes))
         starts = np.cumsum([0, *sizes[:-1]])
         pieces = tuple(data[start:start + n] for start, n in zip(starts, sizes))
         return pieces if len(pieces) > 1 else pieces[0]
 
     def read(self, buffer_id: int, offset: int, size: int, *after: Any) -> np.ndarray:
+        view = self._bytes(buffer_id, offset, size)
         self.backend.synchronize()
         from polydev.buffer import tensor_get
 
-        return tensor_get(_bytes_at(self._buffer(buffer_id), offset, size))
+        return tensor_get(view)
 
     def memset(self, buffer_id: int, value: int, offset: int, size: int) -> None:
+        view = self._bytes(buffer_id, offset, size)
         self.backend.synchronize()
         from polydev.buffer import tensor_memset
 
-        tensor_memset(_bytes_at(self._buffer(buffer_id), offset, size), value)
+        tensor_memset(view, value)
 
     def clear(self, buffer_id: int, value: int) -> None:
         self.backend.synchronize()
@@ -210,11 +235,11 @@ class DeviceActor:
 
     def copy(self, src_id: int, src_offset: int, dst_id: int, dst_offset: int, size: int) -> None:
         """Within this device (both buffers are its own)."""
+        src, dst = self._bytes(src_id, src_offset, size), self._bytes(dst_id, dst_offset, size)
         self.backend.synchronize()
         from polydev.buffer import tensor_copy
 
-        tensor_copy(_bytes_at(self._buffer(src_id), src_offset, size),
-                    _bytes_at(self._buffer(dst_id), dst_offset, size))
+        tensor_copy(src, dst)
 
     # --- compute ----------------------------------------------------------------------------------
 
@@ -229,8 +254,8 @@ class DeviceActor:
         from .wire import graph_from
         from .wire_checks import check_graph_fields
 
-        if plan_id in self.plans:
-            raise WireError(f"plan id {plan_id!r} is taken")
+        if not is_count(plan_id) or plan_id in self.plans:
+            raise WireError(f"plan id {plan_id!r} is taken or not an id")
         check_graph_fields(graph_fields, self.buffers)
         graph = graph_from(graph_fields, self.buffers)
         self.plans[plan_id] = self.backend.graph_plan_create(graph)
@@ -261,3 +286,38 @@ def _bytes_at(buffer: Any, offset: int, size: int):
     t = Tensor(GGMLType.I8, (size, 1, 1, 1), (1, size, size, size), Op.NONE)
     t.buffer, t.offset = buffer, offset
     return t
+
+
+class NodeWatch:
+    """A node's heartbeat: pings the node's device actors and says how long ago each last
+    answered. It runs on their node as a caller of its own: the driver's pings would wait, in
+    Ray's order of one caller's calls, behind the driver's calls that wait for another device
+    (a pipeline's second stage waits for the first, seconds on a long prompt)."""
+
+    def __init__(self, actors: list) -> None:
+        self.actors = actors
+        self.answered = [time.monotonic()] * len(actors)
+        self.pings: list[Any] = [None] * len(actors)
+        self.dead = [False] * len(actors)
+
+    def beat(self) -> list[float | None]:
+        """Seconds since each device actor last answered a ping (None: Ray says it is
+        dead); a new ping goes to each actor that has none in flight."""
+        import ray
+
+        now = time.monotonic()
+        for i, actor in enumerate(self.actors):
+            ping = self.pings[i]
+            if ping is not None and ray.wait([ping], timeout=0)[0]:
+                self.pings[i] = None
+                try:
+                    ray.get(ping)
+                    self.answered[i] = now
+                except ray.exceptions.RayActorError:
+                    self.dead[i] = True
+                except ray.exceptions.RayError:
+                    pass                      # not an answer; the next ping decides
+            if self.pings[i] is None and not self.dead[i]:
+                self.pings[i] = actor.ping.options(concurrency_group=HEARTBEAT_GROUP).remote()
+        return [None if dead else now - t for dead, t in zip(self.dead, self.answered)]
+

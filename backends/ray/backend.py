@@ -11,6 +11,7 @@ goes actor to actor through the object store.
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,8 @@ from .wire import graph_fields
 
 if TYPE_CHECKING:
     from .device import RayDevice
+
+log = logging.getLogger(__name__)
 
 _plan_ids = itertools.count(1)
 
@@ -87,10 +90,8 @@ class RayBackend(Backend):
             self.device.write(buffer_id, offset, raw)
 
     def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        from .device import read_in_pieces
-
-        for ref, place in read_in_pieces(self.device, self._remote_id(t), t.offset + offset,
-                                         out, *self._after()):
+        for ref, place in self.device.calls.read(self._remote_id(t), t.offset + offset, out,
+                                                 *self._after()):
             self._reads[self._submit(ref)] = place
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
@@ -120,7 +121,7 @@ class RayBackend(Backend):
             self._submit(self.device.remote("marker", *self._after()))
         pending, self._pending = self._pending, []
         reads, self._reads = self._reads, {}
-        if not pending and not self.device.unsettled:
+        if not pending and not self.device.calls.unsettled:
             return
         results = self.device.call(pending, "the work queued on its stream")
         for ref, result in zip(pending, results):
@@ -169,8 +170,9 @@ class RayBackend(Backend):
     def _free(self) -> None:
         try:                                  # closing waits for the stream's work, as ggml
             self._synchronize()
-        except RemoteDeviceError:
-            pass                              # a lost device has no work left to wait for
+        except RemoteDeviceError as e:
+            if self.device.lost is None:      # a lost device has no work left to wait for
+                log.error("closing the stream of %s: %s", self.device.name, e)
         self._pending.clear()
         self._reads.clear()
         self._waits.clear()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from polydev.device import lost_text
 from polydev.env import env_float
 from polydev.errors import PolydevError, RemoteDeviceError
 
 if TYPE_CHECKING:
     from .device import RayDevice
 
-__all__ = ["timeout_s", "wait"]
+__all__ = ["lost_error", "timeout_s", "wait"]
 
 # how often a long wait looks whether the heartbeat found its device lost
 _LOOK_EVERY_S = 0.1
@@ -50,11 +51,13 @@ def wait(device: "RayDevice | str", refs: Any, what: str) -> Any:
                                     f"(POLYDEV_RAY_TIMEOUT); the device or its node may be "
                                     f"overloaded or lost") from None
         except rex.RayActorError as e:
-            reason = f"its actor is gone ({type(e).__name__})"
+            gone = f"its actor is gone ({type(e).__name__})"
             if isinstance(device, str):
-                raise RemoteDeviceError(f"{name} is lost: {reason}; {what} cannot run on "
-                                        f"it") from None
-            device.mark_lost(reason)
+                raise lost_error(name, gone, what) from None
+            if not _is_its_actor(device, e):      # a call it waited for, of another device
+                raise RemoteDeviceError(f"{name}: {what} failed: a device it waited for is "
+                                        f"gone ({type(e).__name__})") from None
+            device.mark_lost(gone)
         except rex.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, PolydevError):
@@ -66,7 +69,19 @@ def wait(device: "RayDevice | str", refs: Any, what: str) -> Any:
             raise RemoteDeviceError(f"{name}: {what} failed in Ray: {e}") from e
 
 
+def lost_error(name: str, reason: str, what: str) -> RemoteDeviceError:
+    """The error of a wait on a lost device."""
+    return RemoteDeviceError(f"{lost_text(name, reason)}; {what} cannot run on it")
+
+
 def _raise_if_lost(device: "RayDevice | str", what: str) -> None:
     reason = None if isinstance(device, str) else device.lost
     if reason is not None:
-        raise RemoteDeviceError(f"{device.name} is lost: {reason}; {what} cannot run on it")
+        raise lost_error(device.name, reason, what)
+
+
+def _is_its_actor(device: "RayDevice", error: Exception) -> bool:
+    """Whether ``error`` is about ``device``'s own actor (one whose id Ray did not say is
+    taken as its own)."""
+    actor_id = getattr(error, "actor_id", None)
+    return actor_id is None or actor_id == device.actor._actor_id.hex()

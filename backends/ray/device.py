@@ -2,11 +2,11 @@
 buffers and its events.
 
 The buffer type mirrors the remote one (alignment, max size, and alloc sizes where the remote
-pads tensors). A buffer is a handle: its id names the actor's buffer; reads and writes move
-numpy bytes through Ray's object store and block, as ggml's ``tensor_set``/``tensor_get`` do;
-a weight whose file the remote node has too is read there (``set_from_file``).
-Which ops the device computes is the remote kernel table's answer, asked once per distinct
-node shape.
+pads tensors). A buffer is a handle: its id names the actor's buffer. A write returns once
+Ray (or the queue) has copied its bytes, a read once its bytes are here, as ggml's
+``tensor_set``/``tensor_get`` do (``call_queue.py`` says how few calls that takes); a weight
+whose file the remote node has too is read there (``set_from_file``). Which ops the device
+computes is the remote kernel table's answer, asked once per distinct node shape.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from polydev.errors import RemoteDeviceError
 from polydev.tensor import Tensor
 
 from .backend import RayBackend
-from .calls import wait
+from .call_queue import CallQueue
+from .calls import lost_error, wait
 from .file_digest import bytes_digest, file_signature
 from .wire import node_signature, tensor_shape
 
@@ -32,10 +33,6 @@ __all__ = ["RayBuffer", "RayBufferType", "RayDevice", "RayEvent"]
 log = logging.getLogger(__name__)
 
 _buffer_ids = itertools.count(1)
-# below Ray's max_direct_call_object_size (100 KiB by default): a reply carries the bytes
-READ_PIECE_BYTES = 96 << 10
-MAX_PIECES = 16
-HELD_WRITE_BYTES = 64 << 10     # writes held back for the actor's next call, at most
 
 
 class RayDevice(Device):
@@ -56,9 +53,7 @@ class RayDevice(Device):
         self._supports: dict[tuple, bool] = {}
         self._op_names: list[str] | None = None
         self._lost: str | None = None
-        self._posted: list[Any] = []          # refs of calls not waited for (see post)
-        self._held: list[tuple[int, int, np.ndarray]] = []     # writes not sent yet
-        self._held_bytes = 0
+        self.calls = CallQueue(actor)
         self._files: dict[str, bool] = {}     # path -> whether the node has the driver's file
 
     @property
@@ -72,32 +67,41 @@ class RayDevice(Device):
         return self._lost
 
     def mark_lost(self, reason: str) -> None:
-        """Take the device out of use: every wait on it raises ``RemoteDeviceError`` now."""
+        """Take the device out of use: every wait on it raises ``RemoteDeviceError`` now, and
+        its actor is stopped (its node's CPUs and memory come back if the node does)."""
         if self._lost is None:
             self._lost = reason
-            log.error("%s is lost: %s", self.name, reason)
+            log.error("%s", lost_error(self.name, reason, "nothing more").args[0])
+            import ray
+
+            try:
+                ray.kill(self.actor, no_restart=True)
+            except Exception:                 # gone with its node already
+                pass
 
     def remote(self, method: str, *args: Any, num_returns: int | None = None) -> Any:
-        """Call the actor's ``method`` without waiting (its ``ObjectRef``), after the writes
-        held back for it (``write``): the actor runs them first, in one call."""
-        self.flush()
-        call = getattr(self.actor, method)
-        if num_returns is not None:
-            call = call.options(num_returns=num_returns)
-        return call.remote(*args)
+        """Call the actor's ``method`` without waiting (see ``CallQueue.remote``)."""
+        return self.calls.remote(method, *args, num_returns=num_returns)
 
     def write(self, buffer_id: int, offset: int, data: np.ndarray) -> None:
-        """Write ``data`` to a buffer, as a call whose answer nothing waits for. A small write
-        is copied and held back until the actor's next call, which carries it (a decode
-        step's few inputs were a call each, 130 µs of the actor's time apiece); a large one
-        is sent at once (Ray copies its bytes as the call is made)."""
-        if data.nbytes > HELD_WRITE_BYTES:
-            self.post(self.remote("write", buffer_id, offset, data))
-            return
-        self._held.append((buffer_id, offset, np.array(data, copy=True)))
-        self._held_bytes += data.nbytes
-        if self._held_bytes > HELD_WRITE_BYTES:
-            self.flush()
+        """Write ``data`` to a buffer without waiting for it (``CallQueue.write``); past
+        POSTED_LIMIT bytes in flight, wait for them."""
+        self.calls.write(buffer_id, offset, data)
+        if self.calls.over_limit:
+            self.call([], "writing")
+
+    def post(self, ref: Any) -> None:
+        """A call whose answer nothing needs; the device's next wait raises its failure."""
+        self.calls.post(ref)
+
+    def call(self, ref: Any, what: str) -> Any:
+        """Wait for one of this device's calls (one ref or a list; see ``calls.wait``), and
+        for the calls posted before it, whose failure is raised here."""
+        refs, n_posted = self.calls.with_posted(ref)
+        if not refs:
+            return []
+        got = wait(self, refs, what)[n_posted:]
+        return got if isinstance(ref, list) else got[0]
 
     def has_file(self, path: str) -> bool:
         """Whether the node has a copy of the driver's file at ``path`` (its size and first
@@ -107,35 +111,6 @@ class RayDevice(Device):
             mine = file_signature(path)
             self._files[path] = mine is not None and tuple(theirs or ()) == mine
         return self._files[path]
-
-    @property
-    def unsettled(self) -> bool:
-        """Whether calls were made that no wait has answered yet (posted or held back)."""
-        return bool(self._posted or self._held)
-
-    def flush(self) -> None:
-        """Send the held-back writes, in one call."""
-        if self._held:
-            held, self._held, self._held_bytes = self._held, [], 0
-            self.post(self.actor.write_many.remote(held))
-
-    def call(self, ref: Any, what: str) -> Any:
-        """Wait for one of this device's calls (see ``calls.wait``), and for the posted calls
-        before it, whose failure is raised here."""
-        self.flush()
-        posted, self._posted = self._posted, []
-        if not posted:
-            return wait(self, ref, what)
-        if isinstance(ref, list):
-            return wait(self, [*posted, *ref], what)[len(posted):]
-        return wait(self, [*posted, ref], what)[-1]
-
-    def post(self, ref: Any) -> None:
-        """A call whose answer nothing needs (a write of host bytes, which Ray copied when
-        the call was made, so the caller may change them at once): it runs in the actor's
-        order before every later call, and the device's next wait raises its failure. A
-        blocking write per input tensor was a round trip each (6 of a decode step's 11)."""
-        self._posted.append(ref)
 
     def memory(self) -> tuple[int, int]:
         free, total = self.call(self.remote("memory"), "reading its memory")
@@ -180,24 +155,6 @@ class RayEvent(Event):
 
     def _free(self) -> None:
         self.ref = None
-
-
-def read_in_pieces(device: RayDevice, buffer_id: int, offset: int, out: np.ndarray,
-                   *after: Any) -> list[tuple[Any, np.ndarray]]:
-    """One call reading ``out.nbytes`` bytes at ``offset`` of the actor's buffer: (each
-    returned piece's ref, the bytes of ``out`` it fills). Up to MAX_PIECES pieces small enough
-    for Ray to return each in its reply; a larger return goes through the object stores of
-    both nodes, which took 5 ms for a decode step's 196 KB of logits against about 1 ms in
-    pieces, and is what a read of more than a few pieces takes (683 returns of one call
-    moved 64 MiB at a tenth of the object store's rate)."""
-    flat = out.reshape(-1).view(np.uint8)
-    if len(flat) > READ_PIECE_BYTES * MAX_PIECES:
-        return [(device.remote("read", buffer_id, offset, len(flat), *after), flat)]
-    places = [flat[start:start + READ_PIECE_BYTES]
-              for start in range(0, max(len(flat), 1), READ_PIECE_BYTES)]
-    refs = device.remote("read_pieces", buffer_id, offset, [len(p) for p in places], *after,
-                         num_returns=len(places))
-    return list(zip(refs if len(places) > 1 else [refs], places))
 
 
 class RayBufferType(BufferType):
@@ -246,7 +203,7 @@ class RayBuffer(Buffer):
         self.device.write(self.remote_id, tensor.offset + offset, data)
 
     def _get(self, tensor: Tensor, out: np.ndarray, offset: int) -> None:
-        reads = read_in_pieces(self.device, self.remote_id, tensor.offset + offset, out)
+        reads = self.device.calls.read(self.remote_id, tensor.offset + offset, out)
         pieces = self.device.call([ref for ref, _ in reads], "reading a tensor")
         for (_, place), data in zip(reads, pieces):
             place[:] = data
@@ -289,5 +246,6 @@ class RayBuffer(Buffer):
     def _free(self) -> None:
         try:
             self.device.call(self.device.remote("free", self.remote_id), "freeing a buffer")
-        except RemoteDeviceError:
-            pass            # a lost device has nothing left to free
+        except RemoteDeviceError as e:
+            if self.device.lost is None:      # a call before it failed: say so, free on
+                log.error("freeing a buffer of %s: %s", self.device.name, e)

@@ -1,11 +1,13 @@
-"""What a device actor checks in a graph it receives, before it builds or allocates anything.
+"""What a device actor checks in a graph or shape it receives, before it builds anything.
 
 A graph arrives as the plain tuples of ``wire.py``. Before the actor makes one tensor of it,
 every field is checked to be what polydev itself would send: a known type and op, four
-dimensions and strides in range, op parameters that are numbers, sources and views that name
-tensors before them, and for a tensor in one of the actor's buffers, bytes that lie inside that
-buffer (a view's inside its source's). A field that is not raises ``WireError`` naming the
-tensor and the field; nothing of the graph is kept.
+dimensions and strides in range (a block type's blocks packed), op parameters that are
+numbers, sources and views that name tensors before them, and for a tensor in one of the
+actor's buffers, bytes that lie inside that buffer (a view's inside its source's, in the same
+buffer). A field that is not raises ``WireError`` naming the tensor and the field; nothing of
+the graph is kept. The shapes a device is asked about (``supports_op``, ``alloc_size``) are
+checked the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from polydev.ops import Op
 from polydev.tensor import Tensor, TensorFlag
 from polydev.types import TYPE_TRAITS, GGMLType
 
-__all__ = ["check_graph_fields"]
+__all__ = ["check_graph_fields", "check_node_signature", "check_shape_fields", "is_count"]
 
 MAX_DIM = 1 << 40           # elements along one dimension (ggml's are int64; no device holds more)
 MAX_PARAMS = 16             # ggml's GGML_MAX_OP_PARAMS is 64 bytes: 16 int32
@@ -40,30 +42,46 @@ def check_graph_fields(fields: Any, buffers: Mapping[int, Any]) -> None:
         raise WireError("a graph's tensors and nodes are tuples")
     spans: list[int] = []
     for i, entry in enumerate(table):
-        spans.append(_check_tensor(i, entry, spans, buffers))
+        spans.append(_check_tensor(i, entry, table, spans, buffers))
     for position, index in enumerate(nodes):
         if not _is_int(index) or not 0 <= index < len(table):
             raise WireError(f"node {position} names tensor {index!r}; the graph has "
                             f"{len(table)}")
 
 
-def _check_tensor(i: int, entry: Any, spans: list[int], buffers: Mapping[int, Any]) -> int:
+def check_shape_fields(fields: Any, what: str = "a tensor") -> None:
+    """Raise ``WireError`` unless ``fields`` is ``wire.tensor_shape``'s (type, ne, nb, op,
+    op_params) of a tensor polydev could send."""
+    if not (isinstance(fields, tuple) and len(fields) == 5):
+        raise WireError(f"{what}: a shape is (type, ne, nb, op, op_params)")
+    _check_shape(what, *fields)
+
+
+def check_node_signature(signature: Any) -> None:
+    """Raise ``WireError`` unless ``signature`` is ``wire.node_signature``'s."""
+    if not (isinstance(signature, tuple) and len(signature) == 2
+            and isinstance(signature[1], tuple) and len(signature[1]) <= MAX_SOURCES):
+        raise WireError("a node's signature is (its shape, its sources' shapes)")
+    check_shape_fields(signature[0], "a node")
+    for i, source in enumerate(signature[1]):
+        if source is not None:
+            check_shape_fields(source, f"source {i}")
+
+
+def is_count(value: Any) -> bool:
+    """An int of bytes or elements: not a bool, not negative."""
+    return _is_int(value) and value >= 0
+
+
+def _check_tensor(i: int, entry: Any, table: tuple, spans: list[int],
+                  buffers: Mapping[int, Any]) -> int:
     """The tensor's byte span, once its fields are found sound."""
     if not isinstance(entry, tuple) or len(entry) != _FIELDS:
         raise WireError(f"tensor {i}: a tensor is a tuple of {_FIELDS} fields")
     (type_, ne, nb, op, params, sources, view, view_offs, buf_id, offset, name,
      flags) = entry
     where = f"tensor {i} ({name!r})" if isinstance(name, str) else f"tensor {i}"
-    _need(_is_int(type_) and type_ in _TYPES, where, f"type {type_!r} is not a GGML type")
-    _need(_is_int(op) and op in _OPS, where, f"op {op!r} is not one of polydev's ops")
-    _need(_dims(ne, 0, MAX_DIM), where, f"ne {ne!r} is not 4 sizes in 0..{MAX_DIM}")
-    _need(_dims(nb, 0, MAX_DIM * 64), where, f"nb {nb!r} is not 4 strides")
-    block = TYPE_TRAITS[GGMLType(type_)].block_size
-    _need(ne[0] % block == 0, where, f"ne[0] = {ne[0]} is not a multiple of its type's "
-          f"block of {block}")
-    _need(isinstance(params, tuple) and len(params) <= MAX_PARAMS
-          and all(isinstance(p, Real) or _numbers(p) for p in params),
-          where, f"op_params must be at most {MAX_PARAMS} numbers or tuples of numbers")
+    _check_shape(where, type_, ne, nb, op, params)
     _need(isinstance(sources, tuple) and len(sources) <= MAX_SOURCES
           and all(_is_int(s) and -1 <= s < i for s in sources), where,
           "sources must name tensors before it (-1: none)")
@@ -73,18 +91,35 @@ def _check_tensor(i: int, entry: Any, spans: list[int], buffers: Mapping[int, An
     _need(_is_int(flags) and 0 <= flags and flags & ~_FLAGS == 0, where,
           f"flags {flags!r} are not tensor flags")
     span = Tensor(GGMLType(type_), ne, nb, Op(op)).nbytes
-    _need(_is_int(view_offs) and view_offs >= 0, where, "view_offs must be a byte offset")
+    _need(is_count(view_offs), where, "view_offs must be a byte offset")
     if view >= 0:
         _need(view_offs + span <= spans[view], where,
               f"its {span} bytes at view offset {view_offs} pass the end of its view "
               f"source's {spans[view]}")
+        _need(buf_id == table[view][8], where, "a view is in its source's buffer")
     if buf_id is not None:
         buffer = buffers.get(buf_id) if _is_int(buf_id) else None
         _need(buffer is not None, where, f"buffer {buf_id!r} is not one of this device's")
-        _need(_is_int(offset) and 0 <= offset and offset + span <= buffer.size, where,
+        _need(is_count(offset) and offset + span <= buffer.size, where,
               f"its {span} bytes at offset {offset!r} pass the end of its buffer's "
               f"{buffer.size}")
     return span
+
+
+def _check_shape(where: str, type_: Any, ne: Any, nb: Any, op: Any, params: Any) -> None:
+    _need(_is_int(type_) and type_ in _TYPES, where, f"type {type_!r} is not a GGML type")
+    _need(_is_int(op) and op in _OPS, where, f"op {op!r} is not one of polydev's ops")
+    _need(_dims(ne, 0, MAX_DIM), where, f"ne {ne!r} is not 4 sizes in 0..{MAX_DIM}")
+    _need(_dims(nb, 0, MAX_DIM * 64), where, f"nb {nb!r} is not 4 strides")
+    traits = TYPE_TRAITS[GGMLType(type_)]
+    _need(ne[0] % traits.block_size == 0, where, f"ne[0] = {ne[0]} is not a multiple of its "
+          f"type's block of {traits.block_size}")
+    _need(traits.block_size == 1 or nb[0] == traits.type_size, where,
+          f"nb[0] = {nb[0]}: a block type's rows are its blocks, {traits.type_size} bytes "
+          f"apart")
+    _need(isinstance(params, tuple) and len(params) <= MAX_PARAMS
+          and all(isinstance(p, Real) or _numbers(p) for p in params), where,
+          f"op_params must be at most {MAX_PARAMS} numbers or tuples of numbers")
 
 
 def _is_int(value: Any) -> bool:
