@@ -255,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     path = args.model or scale_model(DEFAULT_MODEL, SCALE_MODELS[DEFAULT_MODEL])
     label = os.path.basename(path) if args.model else DEFAULT_MODEL
-    rpc = args.rpc if args.rpc and os.path.isfile(os.path.join(args.rpc, "ggml-rpc-server")) \
-        else None
+    rpc = args.rpc
+    if rpc and not os.path.isfile(os.path.join(rpc, "ggml-rpc-server")):
+        rpc = None
     if rpc is None:
         print("no llama.cpp RPC (bash bench/anchors.sh rpc, then --rpc $(bash "
               "bench/anchors.sh --rpc)): polydev's figures alone", file=sys.stderr)

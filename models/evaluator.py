@@ -21,7 +21,7 @@ import numpy as np
 from polydev import Backend, Scheduler, tensor_get, tensor_set
 from polydev.errors import ContextFullError, InvalidArgumentError, PolydevError
 from polydev.lifetime import Resource
-from polydev.numerics import DEFAULT_NUMERICS, check_numerics
+from polydev.numerics import DEFAULT_NUMERICS, set_backend_numerics
 
 from .arch import architecture
 from .batch import Batch, UBatch
@@ -62,15 +62,6 @@ class Timings:
             self.eval_seconds += seconds
 
 
-def _set_numerics(backend: Backend, numerics: str) -> None:
-    """Tell a backend whose reg has a "set_numerics" proc how to compute; the others have one
-    way only."""
-    reg = backend.device.reg
-    proc = reg.get_proc_address("set_numerics") if reg is not None else None
-    if proc is not None:
-        proc(backend, numerics)
-
-
 class Evaluator(Resource):
     """Evaluates tokens at the end of the cached sequence and returns their logits."""
 
@@ -90,7 +81,7 @@ class Evaluator(Resource):
         try:
             self.backends = [d.init_backend() for d in devices]
             for b in self.backends:
-                _set_numerics(b, check_numerics(numerics))
+                set_backend_numerics(b, numerics)
             self.stages = pipeline_stages(placement)
             self.sched = Scheduler(self.backends, graph_size=_graph_size(self.hp),
                                    parallel=self.stages > 1)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from .errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_NUMERICS", "NUMERICS", "check_numerics"]
+__all__ = ["DEFAULT_NUMERICS", "NUMERICS", "check_numerics", "set_backend_numerics"]
 
 NUMERICS = ("exact", "fast", "int8")
 DEFAULT_NUMERICS = "fast"
@@ -52,3 +52,13 @@ def check_numerics(numerics: str) -> str:
         raise InvalidArgumentError(f"numerics must be one of {', '.join(NUMERICS)}; got "
                                    f"{numerics!r}")
     return numerics
+
+
+def set_backend_numerics(backend, numerics: str) -> None:
+    """Tell ``backend`` how to compute, where its reg has a "set_numerics" proc (the CPU's,
+    CUDA's, a remote device's); a backend without one has one way only."""
+    check_numerics(numerics)
+    reg = backend.device.reg
+    proc = reg.get_proc_address("set_numerics") if reg is not None else None
+    if proc is not None:
+        proc(backend, numerics)

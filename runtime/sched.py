@@ -107,8 +107,8 @@ class Scheduler(Resource):
         self._last_graph: Graph | None = None      # the graph the signature belongs to
         self._last_step: _Step | None = None       # and its placement
         # (id of a graph, copy slot) -> (the graph, its size, its step)
-        self._kept: OrderedDict[tuple[int, int], tuple[Graph, tuple[int, int], _Step]] = \
-            OrderedDict()
+        self._kept: OrderedDict[tuple[int, int], tuple[Graph, tuple[int, int], _Step]]
+        self._kept = OrderedDict()
         self._allocated_graph: Graph | None = None
         self._allocated_size = (0, 0)
         self._plans = SplitPlans(keep=self.n_copies * _GRAPHS_KEPT)

@@ -3,10 +3,11 @@ server's event loop submits requests and awaits their events.
 
 Loading happens in this thread so that the server answers (``/health``: 503) from its first
 moment. Events cross to the event loop with ``call_soon_threadsafe``; a stop drains the
-running requests first. A device of the model that is lost (a remote device whose node is
-gone) ends the running and waiting requests with ``RemoteDeviceError``; the thread then loads
-the model again, placed over the devices that remain, and serves on (``/health``: 503 while it
-loads, then the devices lost).
+running requests first. A device of the model found lost after a step (a remote device whose
+node is gone: the step that met it failed its requests) ends the running and waiting
+requests with ``RemoteDeviceError``; the thread then loads the model again, placed over the
+devices that remain, and serves on (``/health``: 503 while it loads, then the devices
+lost).
 """
 
 from __future__ import annotations

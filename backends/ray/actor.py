@@ -5,7 +5,9 @@ one backend (its in-order stream) by the ids the driver gave them, rebuilds grap
 plain tuples (``wire.py``) once per plan, and replays a plan by id. Ray runs an actor's
 calls one at a time, in the order one caller submitted them, so the actor is a stream; an
 event of another stream arrives as an ``ObjectRef`` argument, which Ray resolves before the
-call starts.
+call starts. Heartbeats alone run on a second thread (``HEARTBEAT_GROUP``), sent by the
+node's ``NodeWatch``. Every id, offset and size a call carries is checked before it is used
+(``WireError``).
 """
 
 from __future__ import annotations
@@ -245,10 +247,11 @@ class DeviceActor:
 
     def set_numerics(self, numerics: str) -> None:
         """As the device's own reg says (a device with one way of computing has no proc)."""
-        reg = self.device.reg
-        proc = reg.get_proc_address("set_numerics") if reg is not None else None
-        if proc is not None:
-            proc(self.backend, numerics)
+        from polydev.numerics import set_backend_numerics
+
+        if not isinstance(numerics, str):
+            raise WireError("numerics are named by text")
+        set_backend_numerics(self.backend, numerics)
 
     def plan_create(self, plan_id: int, graph_fields: tuple) -> None:
         from .wire import graph_from

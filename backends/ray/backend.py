@@ -1,11 +1,11 @@
 """A remote device's stream: the calls of its actor, submitted without waiting.
 
-Writes, reads, copies and plan computes return at once with an ``ObjectRef``; ``synchronize``
-waits for all of them (within the time-out) and fills the outputs of reads. A graph goes to
-the actor once, as tuples, when its plan is made; computing the plan sends only its id. An
-event of another remote stream is passed as an argument of this stream's next call, so Ray
-makes the actor wait for it and the driver never blocks. A copy from another remote device
-goes actor to actor through the object store.
+Writes, reads, copies and plan computes return at once (a small write is held back and rides
+with the actor's next call: ``call_queue.py``); ``synchronize`` waits for all of them (within
+the time-out) and fills the outputs of reads. A graph goes to the actor once, as tuples, when
+its plan is made; computing the plan sends only its id. An event of another remote stream is
+passed as an argument of this stream's next call, so Ray makes the actor wait for it and the
+driver never blocks. A copy from another remote device goes actor to actor.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class RayGraphPlan(GraphPlan):
 
 
 class RayBackend(Backend):
-    """The in-order stream of one remote device (its actor runs one call at a time)."""
+    """The in-order stream of one remote device (its actor runs the stream's calls one at a
+    time; only heartbeats have a thread of their own)."""
 
     writes_in_stream_order = True             # writes and computes share the actor's queue
 

@@ -191,10 +191,10 @@ class RayBuffer(Buffer):
         self.device.call(self.device.remote("alloc", self.remote_id, size),
                          f"allocating {size / 2**20:.2f} MiB")
 
+    # the usage goes to the actor's buffer too: a remote CPU keeps its weights' interleaved
+    # copies only in a buffer of weights, as a local one does
     @Buffer.usage.setter   # type: ignore[attr-defined]
     def usage(self, usage: BufferUsage) -> None:
-        """The usage, on the actor's buffer too: a remote CPU keeps its weights' interleaved
-        copies only in a buffer of weights, as a local one does."""
         Buffer.usage.fset(self, usage)        # type: ignore[attr-defined]
         self.device.call(self.device.remote("set_usage", self.remote_id, int(self.usage)),
                          "setting a buffer's usage")
