@@ -360,7 +360,7 @@ def _wait_until_dead(actor, seconds: float = 30.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            ray.get(actor.ping.remote(), timeout=5)
+            ray.get(actor.memory.remote(), timeout=5)
         except ray.exceptions.RayActorError:
             return
         time.sleep(0.1)

@@ -177,6 +177,26 @@ def test_a_split_over_two_hosts_pipelines_micro_batches_and_gives_the_local_logi
 
 # --- a lost node ------------------------------------------------------------------------------
 
+def test_a_device_waiting_for_another_is_not_taken_for_lost(cluster, monkeypatch):
+    """node-b's stream waits 3 s for node-a's (busy) with a heartbeat of 1 s: node-b's beats
+    do not wait behind its calls (Ray runs one caller's calls to an actor in order, so a
+    ping from the driver would), and neither device is lost."""
+    from polydev.backends.ray.heartbeat import heartbeat
+
+    _, devices, _ = cluster
+    a, b = devices["node-a"], devices["node-b"]
+    monkeypatch.setenv("POLYDEV_RAY_HEARTBEAT", "1")
+    heartbeat().watch(list(devices.values()))        # every device beats at the new period
+    busy = a.remote("__ray_call__", lambda actor: time.sleep(3))
+    waiting = b.remote("marker", busy)
+    start = time.monotonic()
+    b.call(waiting, "waiting for node-a")
+    assert time.monotonic() - start > 2
+    assert a.lost is None and b.lost is None
+    monkeypatch.undo()
+    heartbeat().watch(list(devices.values()))
+
+
 def test_a_stalled_device_is_found_lost_by_its_heartbeat(cluster, monkeypatch):
     """The head's device actor is stopped (SIGSTOP: its connections stay open, so Ray sees
     nothing wrong): a call waiting on it ends with RemoteDeviceError once the device has
@@ -189,8 +209,8 @@ def test_a_stalled_device_is_found_lost_by_its_heartbeat(cluster, monkeypatch):
     os.kill(head.pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        with pytest.raises(RemoteDeviceError, match=f"{head.name} is lost: it has not "
-                                                    f"answered a heartbeat"):
+        with pytest.raises(RemoteDeviceError, match=f"{head.name} is lost: it has not sent "
+                                                    f"a heartbeat"):
             head.memory()
         assert time.monotonic() - start < 2 + 2       # its period, and a period's slack
         with pytest.raises(RemoteDeviceError, match="is lost"):   # and at once from now on

@@ -5,15 +5,13 @@ one backend (its in-order stream) by the ids the driver gave them, rebuilds grap
 plain tuples (``wire.py``) once per plan, and replays a plan by id. Ray runs an actor's
 calls one at a time, in the order one caller submitted them, so the actor is a stream; an
 event of another stream arrives as an ``ObjectRef`` argument, which Ray resolves before the
-call starts. Heartbeats alone run on a second thread (``HEARTBEAT_GROUP``), sent by the
-node's ``NodeWatch``. Every id, offset and size a call carries is checked before it is used
+call starts. Heartbeats alone run on a thread of their own (``heartbeat.py``). Every id, offset and size a call carries is checked before it is used
 (``WireError``).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -23,9 +21,9 @@ from polydev.errors import WireError
 from .call_queue import MAX_PIECES
 from .wire_checks import is_count
 
-__all__ = ["HEARTBEAT_GROUP", "DeviceActor", "NodeWatch", "catalogue"]
+__all__ = ["HEARTBEAT_GROUP", "DeviceActor", "catalogue"]
 
-# the actor's second thread: heartbeats are answered there, never behind a computation (its
+# the actor's second thread: the heartbeat starts there, never behind a computation (its
 # default group has one thread, so the device's calls still run one at a time, in order)
 HEARTBEAT_GROUP = "heartbeat"
 
@@ -67,6 +65,7 @@ class DeviceActor:
         self.backend = self.device.init_backend()
         self.buffers: dict[int, Any] = {}
         self.plans: dict[int, Any] = {}
+        self._beating: Any = None             # the heartbeat thread's stop (threading.Event)
 
     # --- what the driver mirrors ---------------------------------------------------------------
 
@@ -276,9 +275,23 @@ class DeviceActor:
         """A point in the stream: its ``ObjectRef`` is an event."""
         self.backend.synchronize()
 
-    def ping(self) -> int:
-        """The heartbeat (called on ``HEARTBEAT_GROUP``): this process's id."""
-        return os.getpid()
+    def start_heartbeat(self, collector: Any, key: str, period_s: float) -> None:
+        """Send a beat to ``collector`` (``heartbeat.HeartbeatCollector``) every ``period_s``
+        seconds from a thread of this process's own (called on ``HEARTBEAT_GROUP``: a stream
+        busy or waiting does not hold it back); a beat started before stops."""
+        import threading
+
+        if not (isinstance(key, str) and isinstance(period_s, float) and period_s > 0):
+            raise WireError("a heartbeat is sent under a key, every period of seconds")
+        if self._beating is not None:
+            self._beating.set()
+        self._beating = stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(period_s):
+                collector.beat.remote(key)
+        collector.beat.remote(key)
+        threading.Thread(target=beat, name="polydev-heartbeat", daemon=True).start()
 
 
 def _bytes_at(buffer: Any, offset: int, size: int):
@@ -289,38 +302,4 @@ def _bytes_at(buffer: Any, offset: int, size: int):
     t = Tensor(GGMLType.I8, (size, 1, 1, 1), (1, size, size, size), Op.NONE)
     t.buffer, t.offset = buffer, offset
     return t
-
-
-class NodeWatch:
-    """A node's heartbeat: pings the node's device actors and says how long ago each last
-    answered. It runs on their node as a caller of its own: the driver's pings would wait, in
-    Ray's order of one caller's calls, behind the driver's calls that wait for another device
-    (a pipeline's second stage waits for the first, seconds on a long prompt)."""
-
-    def __init__(self, actors: list) -> None:
-        self.actors = actors
-        self.answered = [time.monotonic()] * len(actors)
-        self.pings: list[Any] = [None] * len(actors)
-        self.dead = [False] * len(actors)
-
-    def beat(self) -> list[float | None]:
-        """Seconds since each device actor last answered a ping (None: Ray says it is
-        dead); a new ping goes to each actor that has none in flight."""
-        import ray
-
-        now = time.monotonic()
-        for i, actor in enumerate(self.actors):
-            ping = self.pings[i]
-            if ping is not None and ray.wait([ping], timeout=0)[0]:
-                self.pings[i] = None
-                try:
-                    ray.get(ping)
-                    self.answered[i] = now
-                except ray.exceptions.RayActorError:
-                    self.dead[i] = True
-                except ray.exceptions.RayError:
-                    pass                      # not an answer; the next ping decides
-            if self.pings[i] is None and not self.dead[i]:
-                self.pings[i] = actor.ping.options(concurrency_group=HEARTBEAT_GROUP).remote()
-        return [None if dead else now - t for dead, t in zip(self.dead, self.answered)]
 
