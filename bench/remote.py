@@ -2,8 +2,9 @@
 
 The cluster: a head and two worker nodes, node-a and node-b, each its own raylet
 (ray.cluster_utils, as Ray's own tests build clusters); a polydev CPU device actor on each
-worker (the head gives Ray no CPU, so it holds none). llama.cpp's side: ggml-rpc-server processes (bash bench/anchors.sh rpc builds them with
-a llama-bench that has --rpc), each with as many threads as a polydev device computes with.
+worker (the head gives Ray no CPU, so it holds none). llama.cpp's side: ggml-rpc-server
+processes (bash bench/anchors.sh rpc builds them with a llama-bench that has --rpc), each with
+as many threads as a polydev device computes with.
 
 - the round trip of a small call to node-a's device, and set and get of 64 MiB through it
   against a local numpy copy;

@@ -5,8 +5,8 @@ one backend (its in-order stream) by the ids the driver gave them, rebuilds grap
 plain tuples (``wire.py``) once per plan, and replays a plan by id. Ray runs an actor's
 calls one at a time, in the order one caller submitted them, so the actor is a stream; an
 event of another stream arrives as an ``ObjectRef`` argument, which Ray resolves before the
-call starts. Heartbeats alone run on a thread of their own (``heartbeat.py``). Every id, offset and size a call carries is checked before it is used
-(``WireError``).
+call starts. Heartbeats alone run on a thread of their own (``heartbeat.py``). Every id,
+offset and size a call carries is checked before it is used (``WireError``).
 """
 
 from __future__ import annotations
