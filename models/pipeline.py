@@ -31,8 +31,8 @@ def pipeline_stages(placement: Placement) -> int:
     if any(d is placement.cpu for d in on):
         return 0
     stages = list({d.name: d for d in placement.layer_devices}.values())
-    if len({_compute_of(d) for d in stages}) < 2:
-        return 0
+    if len(stages) < 2 or len({_compute_of(d) for d in stages}) < len(stages):
+        return 0                          # stages that share cores would take turns
     if not all(d.caps.async_ and d.caps.events for d in stages):
         return 0
     return len(stages)

@@ -38,7 +38,12 @@ polydev's logits those of float64.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from .device import Backend
 
 __all__ = ["DEFAULT_NUMERICS", "NUMERICS", "check_numerics", "set_backend_numerics"]
 
@@ -54,7 +59,7 @@ def check_numerics(numerics: str) -> str:
     return numerics
 
 
-def set_backend_numerics(backend, numerics: str) -> None:
+def set_backend_numerics(backend: "Backend", numerics: str) -> None:
     """Tell ``backend`` how to compute, where its reg has a "set_numerics" proc (the CPU's,
     CUDA's, a remote device's); a backend without one has one way only."""
     check_numerics(numerics)

@@ -71,7 +71,10 @@ class ModelWorker:
         self.error: BaseException | None = None
         self.lost: dict[str, str] = {}      # the devices found lost: name -> why
         self.busy_seconds = 0.0             # time spent in steps that did work
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()    # run on the model's thread
+        # (run, refuse) pairs: run on the model's thread, or refused once it has stopped
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls_lock = threading.Lock()
+        self._calls_closed = False
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._placing_again = threading.Event()
@@ -135,9 +138,6 @@ class ModelWorker:
         """Run ``function`` on the model's thread between two steps (what must not race the
         engine: a slot's cache saved or restored); the future gets its result or error."""
         future = loop.create_future()
-        if self.state != "ready" or not self._thread.is_alive() or self._stopping.is_set():
-            future.set_exception(RuntimeError("the model's thread is not running"))
-            return future
 
         def run() -> None:
             try:
@@ -145,7 +145,19 @@ class ModelWorker:
             except Exception as e:          # the caller's to answer
                 result, error = None, e
             loop.call_soon_threadsafe(_settle, future, result, error)
-        self._calls.put(run)
+
+        def refuse(error: Exception) -> None:
+            loop.call_soon_threadsafe(_settle, future, None, error)
+        with self._calls_lock:
+            try:
+                self._check_serving()
+                stopped = self._calls_closed or self._stopping.is_set()
+                if stopped or not self._thread.is_alive():
+                    raise RuntimeError("the model's thread is not running")
+            except Exception as e:
+                future.set_exception(e)
+                return future
+            self._calls.put((run, refuse))
         engine = self.engine
         if engine is not None:
             engine.wake()
@@ -178,11 +190,13 @@ class ModelWorker:
 
     def _main(self) -> None:
         if not self._start_models():
+            self._refuse_calls()
             return
         try:
             while not self._stopping.is_set():
                 while not self._calls.empty():
-                    self._calls.get()()
+                    run, _ = self._calls.get()
+                    run()
                 start = time.perf_counter()
                 if self.engine.step():
                     self.busy_seconds += time.perf_counter() - start
@@ -197,8 +211,15 @@ class ModelWorker:
             self.engine.abort(e if isinstance(e, Exception) else RuntimeError(repr(e)))
         finally:
             self._close_models()
-            while not self._calls.empty():    # each settles its future with the error
-                self._calls.get()()
+            self._refuse_calls()
+
+    def _refuse_calls(self) -> None:
+        """Settle the calls still queued with an error, and take no more."""
+        with self._calls_lock:
+            self._calls_closed = True
+        while not self._calls.empty():
+            _, refuse = self._calls.get()
+            refuse(RuntimeError("the model's thread stopped"))
 
     def _start_models(self) -> bool:
         """Load the model (its drafter, its engine); False, with ``error`` set, on a

@@ -108,8 +108,13 @@ def _start_devices(address: str | None, names: Sequence[str] | None, init_kwargs
     wanted = None if names is None else {n.lower() for n in names}
     found: list[Device] = []
     labels = node_labels(ray.nodes())
-    for node, label in labels:
-        found += _node_devices(ray, node, label, wanted, serving)
+    try:
+        for node, label in labels:
+            found += _node_devices(ray, node, label, wanted, serving)
+    except BaseException:                     # no actor is kept that no device mirrors
+        for device in found:
+            ray.kill(device.actor, no_restart=True)
+        raise
     log.info("Ray: %d devices started on %d nodes", len(found), len(labels))
     return found
 

@@ -302,4 +302,3 @@ def _bytes_at(buffer: Any, offset: int, size: int):
     t = Tensor(GGMLType.I8, (size, 1, 1, 1), (1, size, size, size), Op.NONE)
     t.buffer, t.offset = buffer, offset
     return t
-

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CallQueue", "HELD_WRITE_BYTES", "POSTED_LIMIT", "READ_PIECE_BYTES"]
+__all__ = ["CallQueue", "HELD_WRITE_BYTES", "MAX_PIECES", "POSTED_LIMIT", "READ_PIECE_BYTES"]
 
 # below Ray's max_direct_call_object_size (100 KiB by default): a reply carries the bytes
 READ_PIECE_BYTES = 96 << 10

@@ -81,7 +81,6 @@ def _raise_if_lost(device: "RayDevice | str", what: str) -> None:
 
 
 def _is_its_actor(device: "RayDevice", error: Exception) -> bool:
-    """Whether ``error`` is about ``device``'s own actor (one whose id Ray did not say is
-    taken as its own)."""
-    actor_id = getattr(error, "actor_id", None)
-    return actor_id is None or actor_id == device.actor._actor_id.hex()
+    """Whether ``error`` is about ``device``'s own actor (one without an id is not taken for
+    it: the heartbeat decides then)."""
+    return getattr(error, "actor_id", None) == device.actor._actor_id.hex()

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from polydev.buffer import Buffer, BufferType, BufferUsage
-from polydev.device import Device, DeviceType, Event
+from polydev.device import Device, DeviceType, Event, lost_text
 from polydev.errors import RemoteDeviceError
 from polydev.tensor import Tensor
 
 from .backend import RayBackend
 from .call_queue import CallQueue
-from .calls import lost_error, wait
+from .calls import wait
 from .file_digest import bytes_digest, file_signature
 from .wire import node_signature, tensor_shape
 
@@ -71,7 +71,7 @@ class RayDevice(Device):
         its actor is stopped (its node's CPUs and memory come back if the node does)."""
         if self._lost is None:
             self._lost = reason
-            log.error("%s", lost_error(self.name, reason, "nothing more").args[0])
+            log.error("%s", lost_text(self.name, reason))
             import ray
 
             try:

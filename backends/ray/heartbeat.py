@@ -33,8 +33,9 @@ __all__ = ["Heartbeat", "HeartbeatCollector", "heartbeat", "lost_after_s"]
 
 log = logging.getLogger(__name__)
 
-# beats and looks per period: a lost node is found within about 1.33 periods, and the beats
-# cost little beside an idle Ray worker's own 0.5% of a core
+# beats and looks per period: a lost node is found within about 1.7 periods (the last beat,
+# a period, then a look and its answer), and the beats cost little beside an idle Ray
+# worker's own 0.5% of a core
 BEATS_PER_PERIOD = 3
 
 
@@ -50,6 +51,7 @@ class HeartbeatCollector:
         self.seen: dict[str, float] = {}
 
     def beat(self, key: str) -> None:
+        """A beat of the actor that sends under ``key``: now."""
         self.seen[key] = time.monotonic()
 
     def ages(self) -> dict[str, float]:
@@ -62,25 +64,21 @@ class Heartbeat:
     """Watches the devices it is given until ``stop``; marks lost those whose beats stop."""
 
     def __init__(self) -> None:
-        self._devices: dict[str, tuple["RayDevice", float]] = {}   # by actor id: (, since)
+        # by actor id: (the device, when it was watched, the seconds it may go without a beat)
+        self._devices: dict[str, tuple["RayDevice", float, float]] = {}
         self._collector: Any = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def watch(self, devices: Sequence["RayDevice"]) -> None:
-        """Have ``devices``' actors send their beats, and watch them."""
-        from .actor import HEARTBEAT_GROUP
-
+        """Have ``devices``' actors send their beats (at the POLYDEV_RAY_HEARTBEAT of now),
+        and watch them; lost devices watched before are forgotten."""
         with self._lock:
             if self._collector is None:
                 self._collector = _start_collector()
-            now, period = time.monotonic(), lost_after_s() / BEATS_PER_PERIOD
-            for device in devices:
-                key = device.actor._actor_id.hex()
-                self._devices[key] = (device, now)
-                device.actor.start_heartbeat.options(concurrency_group=HEARTBEAT_GROUP).remote(
-                    self._collector, key, period)
+            self._devices = {k: v for k, v in self._devices.items() if v[0].lost is None}
+            self._start_beats(devices)
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="polydev-ray-heartbeat",
@@ -101,6 +99,16 @@ class Heartbeat:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
+    def _start_beats(self, devices: Sequence["RayDevice"]) -> None:
+        from .actor import HEARTBEAT_GROUP
+
+        now, limit = time.monotonic(), lost_after_s()
+        for device in devices:
+            key = device.actor._actor_id.hex()
+            self._devices[key] = (device, now, limit)
+            device.actor.start_heartbeat.options(concurrency_group=HEARTBEAT_GROUP).remote(
+                self._collector, key, limit / BEATS_PER_PERIOD)
+
     def _run(self) -> None:
         import ray
 
@@ -109,23 +117,37 @@ class Heartbeat:
             if not ray.is_initialized():      # Ray shut down under the devices
                 return
             try:
-                if asked is None:
-                    asked, asked_at = self._collector.ages.remote(), time.monotonic()
-                elif ray.wait([asked], timeout=0)[0]:
+                if asked is not None and ray.wait([asked], timeout=0)[0]:
                     ages, asked = ray.get(asked), None
                     self._judge(ages, asked_at)
+                if asked is None:             # the next look goes out as this one is judged
+                    with self._lock:
+                        collector = self._collector
+                    if collector is None:
+                        continue
+                    asked, asked_at = collector.ages.remote(), time.monotonic()
                 elif time.monotonic() - asked_at > lost_after_s():
                     log.warning("the Ray heartbeat's collector has not answered for %.1f s",
                                 time.monotonic() - asked_at)
+            except ray.exceptions.RayActorError:
+                log.error("the Ray heartbeat's collector is gone: starting another")
+                asked = None
+                self._restart_collector()
             except Exception:                 # a heartbeat must never take the driver down
                 log.exception("the Ray heartbeat failed")
                 asked = None
 
+    def _restart_collector(self) -> None:
+        with self._lock:
+            if self._collector is None:       # stopped meanwhile
+                return
+            self._collector = _start_collector()
+            self._start_beats([v[0] for v in self._devices.values() if v[0].lost is None])
+
     def _judge(self, ages: dict[str, float], asked_at: float) -> None:
-        limit = lost_after_s()
         with self._lock:
             watched = list(self._devices.items())
-        for key, (device, since) in watched:
+        for key, (device, since, limit) in watched:
             if since > asked_at:              # watched again since: these ages are not its
                 continue
             age = ages.get(key, asked_at - since)     # no beat yet: since it was watched
