@@ -223,6 +223,16 @@ def test_a_lost_device_gives_its_layers_and_its_share_to_the_devices_that_remain
         assert set(names(plan)) == {main}
 
 
+@pytest.mark.parametrize("n_tokens, n_batch, stages, size", [
+    (1, 512, 2, 1), (8, 512, 2, 4), (9, 512, 2, 5), (512, 512, 3, 171), (600, 512, 2, 512),
+    (8, 512, 0, 512),
+])
+def test_a_batch_goes_as_one_micro_batch_per_pipeline_stage(n_tokens, n_batch, stages, size):
+    from polydev.models.pipeline import micro_batch_size
+
+    assert micro_batch_size(n_tokens, n_batch, stages) == size
+
+
 def test_default_split_follows_free_memory(model):
     gpus = [FakeGPU("GPU0", free=1 * GIB), FakeGPU("GPU1", free=3 * GIB)]
     plan = plan_placement(model, devices=gpus)

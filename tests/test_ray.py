@@ -20,7 +20,7 @@ import polydev  # noqa: E402
 from polydev import (BufferUsage, Context, GGMLType, alloc_ctx_tensors, build_graph,  # noqa: E402
                      ops, tensor_copy)
 from polydev.buffer import tensor_memset  # noqa: E402
-from polydev.errors import OutOfBoundsError, RemoteDeviceError  # noqa: E402
+from polydev.errors import AllocationError, OutOfBoundsError, RemoteDeviceError  # noqa: E402
 from polydev.sched import Scheduler  # noqa: E402
 
 import transfer_checks  # noqa: E402
@@ -319,6 +319,24 @@ def test_a_malformed_graph_or_transfer_is_refused_before_anything_is_made(remote
                 wait(cpu, cpu.actor.plan_compute.remote(plan_id), "computing a plan")
         with pytest.raises(WireError, match="numpy array"):
             wait(cpu, cpu.actor.write.remote(buf.remote_id, 0, b"bytes"), "writing")
+        bad_transfers = [
+            ("write", (buf.remote_id, buf.size - 2, np.zeros(4, np.uint8)), "not within"),
+            ("write", (buf.remote_id, -4, np.zeros(4, np.uint8)), "not within"),
+            ("read", (buf.remote_id, 0, 1 << 40), "not within"),
+            ("read", (buf.remote_id, True, 4), "not within"),
+            ("memset", (buf.remote_id, 0, 0, buf.size + 1), "not within"),
+            ("copy", (buf.remote_id, 0, buf.remote_id, 8, buf.size), "not within"),
+            ("read_pieces", (buf.remote_id, 0, [4, -1]), "list of at most"),
+            ("write_from_file", (buf.remote_id, 0, "/dev/zero", 0, 1 << 40, "x"), "not within"),
+            ("alloc", (10**9, -1), "a size is a count of bytes"),
+            ("set_usage", (buf.remote_id, 99), "not a buffer usage"),
+            ("alloc_size", ((0, (-1, 1, 1, 1), (4, 4, 4, 4), 0, ()),), "is not 4 sizes"),
+        ]
+        for method, args, message in bad_transfers:
+            with pytest.raises(WireError, match=message):
+                wait(cpu, getattr(cpu.actor, method).remote(*args), method)
+        with pytest.raises(AllocationError):          # more than the node has: typed too
+            wait(cpu, cpu.actor.alloc.remote(10**9, 1 << 62), "allocating")
         a.set_data(np.ones(K, np.float32))            # the device still serves
         with cpu.init_backend() as backend:
             backend.graph_compute(build_graph(b))
