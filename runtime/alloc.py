@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -162,6 +163,9 @@ class _Liveness:
 
 
 _UNSEEN = object()
+# graphs whose placements stay recorded: a server alternates its decode graph with prompt
+# graphs of a few shapes, and simulating one again took 10-20 ms each time it came back
+_REPLAYS_KEPT = 16
 
 
 class _Plan(NamedTuple):
@@ -218,7 +222,9 @@ class GraphAllocator(Resource):
         self._chunks: list[list[Buffer] | None] = [None] * len(self._allocators)
         self._own_buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._plan: _Plan | None = None
-        self._replay: _Replay | None = None
+        # the recorded placements of recent graphs, by _Replay.key; valid while the chunk
+        # buffers they name are this allocator's (a reallocation forgets them all)
+        self._replays: OrderedDict[tuple, _Replay] = OrderedDict()
         self._states: dict[Tensor, _Liveness] = {}
 
     # --- public API --------------------------------------------------------------------------
@@ -235,7 +241,7 @@ class GraphAllocator(Resource):
         """
         self._check_open()
         plan = self._simulate(graph, node_buffer_ids, leaf_buffer_ids)
-        self._plan = self._replay = None
+        self._plan = None
         for a, sizes in enumerate(plan.chunk_sizes):
             self._grow(a, sizes)
         self._plan = plan
@@ -264,8 +270,9 @@ class GraphAllocator(Resource):
         graph plans after ``alloc_graph``.
         """
         self._check_open()
-        replay = self._replay
+        replay = self._replays.get(_Replay.key(graph))
         if replay is not None and replay.matches(graph):
+            self._replays.move_to_end(replay.key(graph))
             replay.run(self._chunks)
             return True
         replay = self._replay_for(graph, self._plan) if self._plan is not None else None
@@ -278,7 +285,9 @@ class GraphAllocator(Resource):
             self.reserve(graph)
             replay = self._replay_for(graph, self._plan)
             assert replay is not None, "a graph must fit its own reservation"
-        self._replay = replay
+        self._replays[replay.key(graph)] = replay
+        while len(self._replays) > _REPLAYS_KEPT:
+            self._replays.popitem(last=False)
         replay.run(self._chunks)
         return True
 
@@ -306,7 +315,8 @@ class GraphAllocator(Resource):
             for b in chunks or ():
                 b.close()
         self._chunks = [None] * len(self._allocators)
-        self._plan = self._replay = None
+        self._plan = None
+        self._replays.clear()
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{b.name}: {self.buffer_size(i)}"
@@ -484,6 +494,7 @@ class GraphAllocator(Resource):
                 all(n <= b.size for n, b in zip(sizes, old))):
             return
         buft = self._distinct_bufts[a]
+        self._replays.clear()           # they name the buffers about to be freed
         if old:
             log.debug("graph allocator: reallocating %s from %.2f MiB to %.2f MiB", buft.name,
                       sum(b.size for b in old) / 2**20, sum(sizes) / 2**20)
@@ -573,6 +584,15 @@ class _Replay:
         self.needs_init = any(type(b)._init_tensor is not Buffer._init_tensor or
                               type(b)._reset is not Buffer._reset
                               for _, _, b, _ in placements if b is not None)
+
+    @staticmethod
+    def key(graph: Graph) -> tuple:
+        """What finds a graph's replay: its counts and its first and last tensors (a replay
+        holds its tensors, so their ids cannot be reused while it is kept); ``matches``
+        then compares every tensor."""
+        ends = (id(graph.nodes[0]), id(graph.nodes[-1])) if graph.nodes else ()
+        first_leaf = id(graph.leafs[0]) if graph.leafs else None
+        return graph.n_nodes, graph.n_leafs, first_leaf, *ends
 
     def matches(self, graph: Graph) -> bool:
         return graph.nodes == self.nodes and graph.leafs == self.leafs

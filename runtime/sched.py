@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 MAX_BACKENDS = 16
 MAX_COPIES = 4
 # graphs whose placements (and bound plans) stay ready: speculative decoding alternates a
-# decode graph with verification graphs, and re-placing each took ~30 ms per step
-_GRAPHS_KEPT = 4
+# decode graph with verification graphs, a server its decode graphs with prompt graphs of a
+# few padded shapes, and re-placing each took 20-40 ms each time it came back
+_GRAPHS_KEPT = 16
 DEBUG_ENV = "POLYDEV_SCHED_DEBUG"      # 1: print the splits; 2: and every node's placement
 
 EvalCallback = Callable[[Tensor, bool], bool]
