@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Batch", "UBatch", "common_prefix"]
+__all__ = ["Batch", "UBatch", "common_prefix", "padded_size"]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -23,6 +23,23 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         return 0
     differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(differ[0]) if differ.size else n
+
+
+def padded_size(n_tokens: int, limit: int) -> int:
+    """The token count a step that reads ``n_tokens`` of a prompt is padded to, at most
+    ``limit``: the next power of two up to 8, then the next multiple of 8 up to 128, then of
+    an eighth of the power of two below (16 from 128 to 255 tokens, 32 from 256 to 511, ...).
+
+    A prompt's length changes from request to request, and a step of a new length builds,
+    places and binds a graph in Python: tens of milliseconds, more than the compute of a
+    short prompt. Padded, a server meets 35 shapes up to 512 tokens, each built once,
+    for at most an eighth more rows from 64 tokens on, and 4 rows more on average below."""
+    if n_tokens <= 8:
+        size = 1 << max(0, n_tokens - 1).bit_length()
+    else:
+        step = max(8, (1 << (n_tokens.bit_length() - 1)) // 8)
+        size = -(-n_tokens // step) * step
+    return max(n_tokens, min(size, limit))
 
 
 class Batch:
@@ -81,6 +98,19 @@ class UBatch:
         out = np.arange(n, dtype=np.int32) if outputs == "all" else np.array([n - 1], np.int32)
         return cls(tokens, np.arange(first_pos, first_pos + n, dtype=np.int32),
                    np.full(n, seq_id, dtype=np.int32), out)
+
+    def padded(self, n_tokens: int) -> "UBatch":
+        """This ubatch with rows added up to ``n_tokens``, each a copy of the last row (its
+        token, position and sequence, so that it attends what that row attends and no row
+        of it is all masked); the outputs stay the real rows'."""
+        extra = n_tokens - self.n_tokens
+        if extra <= 0:
+            return self
+
+        def grown(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([a, np.repeat(a[-1:], extra)])
+        return UBatch(grown(self.tokens), grown(self.positions), grown(self.seq_ids),
+                      self.outputs)
 
     def split(self, n_batch: int) -> list["UBatch"]:
         """Consecutive pieces of at most ``n_batch`` tokens."""

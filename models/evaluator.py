@@ -24,7 +24,7 @@ from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, set_backend_numerics
 
 from .arch import architecture
-from .batch import Batch, UBatch
+from .batch import Batch, UBatch, padded_size
 from .graphs import builder
 from .kv_cache import KVCache
 from .kv_cells import MAX_SEQUENCES
@@ -37,8 +37,9 @@ from .step import StepGraph, StepShape
 __all__ = ["Evaluator", "Timings"]
 
 log = logging.getLogger(__name__)
-_GRAPHS_KEPT = 32           # prompt shapes come and go; many sequences decode in batches of
-                            # every size up to their number
+# graphs kept built: prompts come in 35 padded shapes up to 512 tokens (batch.padded_size)
+# and many sequences decode in batches of every size up to their number
+_GRAPHS_KEPT = 48
 
 
 @dataclass
@@ -120,18 +121,24 @@ class Evaluator(Resource):
         """Forget every cached sequence."""
         self.kv.clear()
 
-    def prepare(self, ub: UBatch) -> tuple[StepGraph, np.ndarray]:
+    def prepare(self, ub: UBatch, n_real: int | None = None) -> tuple[StepGraph, np.ndarray]:
         """Place ``ub``'s tokens in free cells of the cache; the graph of the step (built if
-        its shape is new, not yet allocated) and the cells."""
+        its shape is new, not yet allocated) and the cells. Rows from ``n_real`` on are
+        padding (``UBatch.padded``): each is given a free cell that it writes, that no row
+        reads (the mask leaves out free cells) and that stays free."""
+        n_real = ub.n_tokens if n_real is None else n_real
         cells = self.kv.cells.find(ub.n_tokens)
         if cells is None:
             raise self._context_full(ub.n_tokens)
-        self.kv.cells.assign(cells, ub.positions, ub.seq_ids)
-        return self.graph(ub.n_tokens, max(1, ub.outputs.size)), cells
+        self.kv.cells.assign(cells[:n_real], ub.positions[:n_real], ub.seq_ids[:n_real])
+        n_outputs = max(1, ub.outputs.size)
+        return self.graph(ub.n_tokens, n_outputs, prompt=n_outputs < n_real), cells
 
-    def graph(self, n_tokens: int, n_outputs: int = 1) -> StepGraph:
-        """The graph for a step of ``n_tokens`` over the cells in use (built if new)."""
-        n_kv = self.kv.n_kv()
+    def graph(self, n_tokens: int, n_outputs: int = 1, prompt: bool = False) -> StepGraph:
+        """The graph for a step of ``n_tokens`` over the cells in use (built if new); a step
+        that reads a prompt (some row outputs nothing) attends over a power of two of them
+        (``KVCache.n_kv``)."""
+        n_kv = self.kv.n_kv(prompt)
         last = self._last_graph
         shape = StepShape(n_tokens, n_kv, n_outputs, self.embeddings)
         if last is not None and last.shape == shape:
@@ -240,7 +247,8 @@ class Evaluator(Resource):
         wanted = ub.outputs.size
         if not wanted:              # a graph outputs at least one row; none is returned
             ub = replace(ub, outputs=np.array([ub.n_tokens - 1], dtype=np.int32))
-        g, cells = self.prepare(ub)
+        n_real, ub = ub.n_tokens, self._padded(ub)
+        g, cells = self.prepare(ub, n_real)
         self.sched.alloc_graph(g.graph)
         g.set_inputs(ub, cells)
         width = self.hp.n_embd if self.embeddings else self.hp.n_vocab
@@ -256,6 +264,16 @@ class Evaluator(Resource):
             self._last_graph = g
         self.timings.copied_bytes = dict(self.sched.copied_bytes)
         return lambda: raw.view(np.float32).reshape(-1, width)[:wanted]
+
+    def _padded(self, ub: UBatch) -> UBatch:
+        """``ub`` padded to a recurring shape (``padded_size``) when it reads a prompt (some
+        row outputs nothing) and the cache has free cells for the padding. A step that
+        outputs every row (decode, of one sequence or many, a draft's verification, a
+        perplexity run) keeps its shape step after step, so it is never padded."""
+        if ub.outputs.size == ub.n_tokens:
+            return ub
+        size = padded_size(ub.n_tokens, self.n_batch)
+        return ub.padded(size) if size <= self.kv.cells.free else ub
 
     def _describe(self) -> str:
         return "the evaluator"

@@ -70,10 +70,15 @@ class KVCache(Resource):
         """Bytes the cache holds on all its devices."""
         return sum(b.size for b in self.buffers)
 
-    def n_kv(self) -> int:
-        """Cells a graph attends over: those up to the last one in use, padded."""
-        end = self.cells.end
-        return min(self.size, max(KV_PAD, -(-end // KV_PAD) * KV_PAD))
+    def n_kv(self, prompt: bool = False) -> int:
+        """Cells a graph attends over: those up to the last one in use, padded to a multiple
+        of 256, or for a step that reads a prompt (``prompt``) to a power of two: a prompt
+        may come at any fill of the cache, and its graph should be one built before. The
+        cells past the last in use are masked, and attention skips masked cells a block at
+        a time, so a prompt pays for them only in its mask."""
+        end = max(KV_PAD, self.cells.end)
+        size = 1 << (end - 1).bit_length() if prompt else -(-end // KV_PAD) * KV_PAD
+        return min(self.size, size)
 
     # --- sequences: llama.cpp's llama_memory_seq_* ------------------------------------------
 

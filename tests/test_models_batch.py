@@ -12,6 +12,8 @@ pytest.importorskip("gguf")
 
 from polydev.errors import ContextFullError, InvalidArgumentError  # noqa: E402
 from polydev.models import Batch, load  # noqa: E402
+from polydev.models.batch import padded_size  # noqa: E402
+from polydev.models.evaluator import Evaluator  # noqa: E402
 from polydev.models.kv_cells import KVCells  # noqa: E402
 
 from model_files import write_test_model  # noqa: E402
@@ -221,6 +223,94 @@ def test_freed_cells_are_reused(tmp_path):
         close(rows, alone(path, b)[6:])
         m.memory.seq_keep(2)
         assert m.memory.cells.used == 8 and m.memory.seq_pos_max(1) == -1
+
+
+# --- prompt steps padded to recurring shapes --------------------------------------------------
+
+@given(st.integers(1, 4096), st.integers(1, 4096))
+def test_padded_sizes_are_few_and_waste_little(n, limit):
+    """At least the tokens, at most the limit unless the tokens pass it; from 64 tokens on at
+    most an eighth more; 35 shapes up to 512 tokens."""
+    size = padded_size(n, limit)
+    assert size >= n and (size <= limit or size == n)
+    assert n < 64 or size - n <= n / 8
+    assert padded_size(size, limit) == size
+    assert len({padded_size(k, 512) for k in range(1, 513)}) == 35
+
+
+def holes_then_prompts(path, prompts, steps, pad: bool, monkeypatch):
+    """Logits of two prompts in one batch put in a hole of the cache (a removed sequence's
+    cells, below one that stays), then decode steps of both; and the cells they hold."""
+    with monkeypatch.context() as mp:
+        if not pad:
+            mp.setattr(Evaluator, "_padded", lambda self, ub: ub)
+        with load(path, devices=[], n_ctx=256, progress=False) as m:
+            m.decode(Batch().add_sequence(tokens_for(40, 9), 3))
+            m.decode(Batch().add_sequence(tokens_for(5, 10), 2))
+            m.memory.seq_rm(3)
+            batch = Batch().add_sequence(prompts[0], 0).add_sequence(prompts[1], 1)
+            rows = [m.decode(batch)]
+            shape = m.evaluator._last_graph.shape.n_tokens
+            for a, b in zip(*steps):
+                rows.append(m.decode(Batch().add(a, 0, logits=True).add(b, 1, logits=True)))
+            rows.append(m.decode(Batch().add(7, 2, logits=True)))
+            held = np.flatnonzero(m.memory.cells.pos >= 0)
+    return np.concatenate(rows), shape, held
+
+
+def test_a_padded_prompt_step_gives_the_logits_of_its_own_shape(model_file, monkeypatch):
+    """Prompts of 21 and 12 tokens in one batch run as a step of 40 rows whose padding takes
+    free cells of a hole in the cache: the logits of the prompts, of decode steps after them
+    and of the sequence beyond the hole are those of a step of exactly 33 rows, and the
+    padding holds no cell."""
+    prompts = [tokens_for(21, 1), tokens_for(12, 2)]
+    steps = [tokens_for(3, 3), tokens_for(3, 4)]
+    got, padded_rows, held = holes_then_prompts(model_file, prompts, steps, True, monkeypatch)
+    want, rows, want_held = holes_then_prompts(model_file, prompts, steps, False, monkeypatch)
+    assert (padded_rows, rows) == (40, 33)
+    np.testing.assert_array_equal(held, want_held)
+    assert held.size == 5 + 33 + 2 * 3 + 1
+    close(got, want)
+
+
+def test_prompts_of_nearby_lengths_share_one_graph(tmp_path):
+    """Prompts of 17 to 24 tokens build one graph; a step that outputs every row (a decode
+    batch, all logits) and one with no free cells for its padding keep their own shapes."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=1)
+    with load(path, devices=[], n_ctx=256, progress=False) as m:
+        ev = m.evaluator
+        m.eval(tokens_for(17, 1))
+        built = ev.timings.graphs_built
+        for n in range(18, 25):
+            m.reset()
+            m.eval(tokens_for(n, n))
+            assert ev._last_graph.shape.n_tokens == 24
+        assert ev.timings.graphs_built == built
+        m.reset()
+        m.eval(tokens_for(21, 5), all_logits=True)
+        assert ev._last_graph.shape.n_tokens == 21
+        m.reset()
+        m.eval(tokens_for(10, 6))
+        m.eval(tokens_for(243, 7))                  # 253 of 256 cells: no room for 256
+        assert ev._last_graph.shape.n_tokens == 243
+        assert m.memory.cells.used == 253
+
+
+def test_a_prompt_attends_over_a_power_of_two_of_cells(tmp_path):
+    """With 600 cells in use a prompt's step attends over 1024 (the masked rest skipped), a
+    decode step over 768, and both give the logits of the whole text evaluated at once."""
+    path = write_test_model(tmp_path / "m.gguf", n_layer=2, weight_type="F16")
+    text = tokens_for(620, 11)
+    with load(path, devices=[], n_ctx=1024, progress=False) as m:
+        m.eval(text[:600])
+        prompt = m.evaluator.eval(text[600:619])
+        assert m.evaluator._last_graph.shape.n_kv == 1024
+        decode = m.evaluator.eval(text[619:])
+        assert m.evaluator._last_graph.shape.n_kv == 768
+    with load(path, devices=[], n_ctx=1024, progress=False) as m:
+        m.eval(text, all_logits=True)
+        rows = m.logits()
+    close(np.stack([prompt, decode]), rows[[618, 619]])
 
 
 def test_bad_batches_leave_nothing_cached(tmp_path, monkeypatch):
