@@ -95,9 +95,18 @@ class GrammarVocabulary:
                                              else 0]
         self.n_vocab = tokenizer.n_vocab
         self.end_ids = tuple(ends)
+        self._text_tokenizer = tokenizer
         self._tokenizer = _LlguidanceTokenizer(tokenizer, control, ends[0])
         self.lltokenizer = llg.LLTokenizer(llg.TokenizerWrapper(self._tokenizer),
                                            eos_token=ends)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes ``token`` adds to a reply (a control token's, its own text)."""
+        return self._text_tokenizer.token_to_piece(token, special=True)
+
+    def spell(self, text: bytes) -> list[int]:
+        """Tokens whose bytes are ``text`` (a grammar takes any tokens that spell its text)."""
+        return self._tokenizer(text)
 
     def compile(self, grammar: Grammar) -> str:
         """llguidance's form of ``grammar``, checked against this vocabulary."""

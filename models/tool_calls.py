@@ -17,7 +17,8 @@ object counts only when it names a function the request offered. What does not p
 call stays content, never an error. ``ToolCallStream`` holds a streamed reply back from the
 first marker on (or from its start, where a Llama-style object may begin) and reads the calls
 at the end. ``call_grammar`` writes the Lark grammar that forces a call, for ``tool_choice``
-"required" or a named function; ``tools_prompt`` describes the functions to a model whose
+"required" or a named function, and from its marker on for "auto" (``call_trigger``,
+``LazyGrammar``); ``tools_prompt`` describes the functions to a model whose
 template cannot (it then answers in the Hermes form).
 """
 
@@ -32,8 +33,8 @@ from typing import Any, Callable, Sequence
 
 from .streaming import marker_tail
 
-__all__ = ["ToolCall", "ToolCallStream", "call_grammar", "new_call_id", "parse_tool_calls",
-           "tools_prompt", "template_writes_tools", "without_tool_roles"]
+__all__ = ["ToolCall", "ToolCallStream", "call_grammar", "call_trigger", "new_call_id",
+           "parse_tool_calls", "tools_prompt", "template_writes_tools", "without_tool_roles"]
 
 HERMES, XML_FUNCTION = "<tool_call>", "<function="
 MISTRAL, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -301,6 +302,28 @@ def tools_prompt(functions: Sequence[dict[str, Any]]) -> str:
             "</tool_call>")
 
 
+def call_trigger(template: str) -> re.Pattern[bytes] | None:
+    """Where ``call_grammar``'s syntax for ``template`` begins in a reply, for ``tool_choice``
+    "auto": the grammar then applies from there on (``LazyGrammar``), as llama.cpp's lazy
+    grammar does from the marker that opens the calls. None where that syntax has no marker
+    (Llama 3.x's bare JSON object, which llama.cpp leaves free too) or is not the model's own
+    (DeepSeek's and Qwen3-Coder's, which ``call_grammar`` does not write)."""
+    if HARMONY_CHANNEL in template:
+        return re.compile(rb"(?P<call><\|channel\|>)commentary to=functions\.")
+    if MISTRAL in template:
+        return re.compile(re.escape(MISTRAL.encode()))
+    if _llama_calls(template) or any(marker in template for marker in (
+            DEEPSEEK_BEGIN, DEEPSEEK_CALL, XML_FUNCTION)):
+        return None
+    return re.compile(re.escape(HERMES.encode()))
+
+
+def _llama_calls(template: str) -> bool:
+    """Whether ``template`` is Llama 3.x's, whose calls are bare JSON objects."""
+    return PYTHON_TAG in template or ('"parameters"' in template
+                                      and "<|start_header_id|>" in template)
+
+
 def call_grammar(functions: Sequence[dict[str, Any]], choice: str, parallel: bool,
                  template: str, control_id: Callable[[str], int | None]) -> str:
     """A Lark grammar (llguidance's dialect) for a reply that is only calls, in the syntax
@@ -340,8 +363,7 @@ def call_grammar(functions: Sequence[dict[str, Any]], choice: str, parallel: boo
     if MISTRAL in template:
         return (f'start: {marker(MISTRAL)} "[" {repeated("call", ", ")} "]"\n'
                 f'call: {call_schema("arguments")}\n')
-    if PYTHON_TAG in template or ('"parameters"' in template
-                                  and "<|start_header_id|>" in template):
+    if _llama_calls(template):
         return f'start: {repeated("call", "; ")}\ncall: {call_schema("parameters")}\n'
     one = f'{marker(HERMES)} "\\n" call "\\n" {marker("</tool_call>")}'
     return f'start: {repeated(one, chr(10))}\ncall: {call_schema("arguments")}\n'

@@ -34,7 +34,8 @@ from polydev.models.engine import Finished, Piece, QueueFullError, SlotBusyError
 from polydev.models.kv_state import checked_name
 from polydev.models.reasoning import opens_thinking, thinks
 from polydev.models.grammar import CONTROL_TYPES, Grammar, GrammarError
-from polydev.models.tool_calls import call_grammar
+from polydev.models.lazy_grammar import LazyGrammar
+from polydev.models.tool_calls import call_grammar, call_trigger
 
 from .metrics import prometheus_text
 from .replies import ChoiceText, Reply, finish_reason, merge_logprobs, usage
@@ -353,15 +354,39 @@ def _prepare(model, gen: Generation) -> tuple[list[int], list, str | None]:
         ids = model.tokenize(gen.prompt, add_special=True, parse_special=True)
     grammar = gen.grammar
     if tools is not None and tools.choice != "auto":     # requests.py refused both at once
-        vocab = model.tokenizer.vocab
-        grammar = Grammar("lark", call_grammar(tools.functions, tools.choice, tools.parallel,
-                                               model.chat_template,
-                                               lambda text: _control_id(vocab, text)))
+        grammar = _tools_grammar(model, tools, tools.choice)
+    elif tools is not None and grammar is None:
+        return ids, _lazy_call_grammars(model, tools, gen.n, thinking), thinking
     if grammar is None:
         return ids, [None] * gen.n, thinking
     vocabulary = model.grammar_vocabulary
     compiled = vocabulary.compile(grammar)
     return ids, [vocabulary.matcher(compiled) for _ in range(gen.n)], thinking
+
+
+def _tools_grammar(model, tools, choice: str) -> Grammar:
+    """The grammar of a reply that is only calls (of the function ``choice`` names, or of
+    any, "required"), in the syntax of the model's template."""
+    vocab = model.tokenizer.vocab
+    return Grammar("lark", call_grammar(tools.functions, choice, tools.parallel,
+                                        model.chat_template,
+                                        lambda text: _control_id(vocab, text)))
+
+
+def _lazy_call_grammars(model, tools, n: int, thinking: str | None) -> list:
+    """For ``tool_choice`` "auto", a grammar per choice that applies from the marker that
+    opens a call on (``LazyGrammar``); unconstrained choices where the template's calls have
+    no marker or llguidance is not installed (the reply is then only parsed)."""
+    trigger = call_trigger(model.chat_template)
+    if trigger is None:
+        return [None] * n
+    try:
+        vocabulary = model.grammar_vocabulary
+    except MissingDependencyError as e:
+        log.debug("tool calls go unconstrained: %s", e)
+        return [None] * n
+    compiled = vocabulary.compile(_tools_grammar(model, tools, "required"))
+    return [LazyGrammar(vocabulary, compiled, trigger, thinking) for _ in range(n)]
 
 
 def _control_id(vocab, text: str) -> int | None:

@@ -187,6 +187,39 @@ def test_a_forced_tool_call_comes_back_as_tool_calls_and_goes_back_in(long_serve
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def test_tool_choice_auto_leaves_prose_free_and_holds_a_call_to_the_grammar(long_server,
+                                                                           monkeypatch):
+    """"auto": a reply that opens no call is the model's own text (greedy: equal to the reply
+    without tools' grammar); one that opens a call (here the trigger is moved to just after
+    the reply's first token, which no random-weight model writes otherwise) continues as a
+    call of an offered function with arguments in its schema, whole and streamed."""
+    import polydev.server.app as app
+    url, _ = long_server
+    c = client(url)
+    body = dict(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=40, temperature=0)
+    free = c.chat.completions.create(**body, tool_choice="auto")
+    monkeypatch.setattr(app, "call_trigger", lambda template: None)
+    unconstrained = c.chat.completions.create(**body, tool_choice="auto")
+    assert free.choices[0].message == unconstrained.choices[0].message
+    after_first = re.compile(rb"\A(?s:.+)(?P<call>)")
+    monkeypatch.setattr(app, "call_trigger", lambda template: after_first)
+    r = c.chat.completions.create(**{**body, "max_tokens": 150}, tool_choice="auto")
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and message.content
+    [call] = message.tool_calls
+    if call.function.name == "get_weather":
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
+    else:
+        assert call.function.name == "noop"
+    stream = c.chat.completions.create(**{**body, "max_tokens": 150}, tool_choice="auto",
+                                       stream=True)
+    chunks = [ch for ch in stream if ch.choices]
+    deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [
+        (call.function.name, call.function.arguments)]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == message.content
+
+
 @pytest.fixture(scope="module")
 def embedding_server(model_file):
     with live_server(model_file, embeddings=True) as served:
