@@ -14,9 +14,8 @@ llama.cpp's chat parsers read them (``common/chat.cpp``, ``common/parsers/``):
 
 Every syntax is tried on every reply: the markers cannot be ordinary text, and a Llama-style
 object counts only when it names a function the request offered. What does not parse as a
-call stays content, never an error. ``ToolCallStream`` holds a streamed reply back from the
-first marker on (or from its start, where a Llama-style object may begin) and reads the calls
-at the end. ``call_grammar`` writes the Lark grammar that forces a call, for ``tool_choice``
+call stays content, never an error (``tool_call_stream`` reads them as a reply streams).
+``call_grammar`` writes the Lark grammar that forces a call, for ``tool_choice``
 "required" or a named function, and from its marker on for "auto" (``call_trigger``,
 ``LazyGrammar``); ``tools_prompt`` describes the functions to a model whose
 template cannot (it then answers in the Hermes form).
@@ -31,9 +30,8 @@ import string
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .streaming import marker_tail
 
-__all__ = ["ToolCall", "ToolCallStream", "call_grammar", "call_trigger", "new_call_id",
+__all__ = ["ToolCall", "call_grammar", "call_trigger", "first_marker", "new_call_id",
            "parse_tool_calls", "tools_prompt", "template_writes_tools", "without_tool_roles"]
 
 HERMES, XML_FUNCTION = "<tool_call>", "<function="
@@ -86,7 +84,7 @@ def parse_tool_calls(text: str, functions: Sequence[dict[str, Any]] = ()
     the request's tools, whose parameter schemas say which XML values stay strings."""
     schemas = {f["function"]["name"]: f["function"].get("parameters") or {}
                for f in functions}
-    start = _first_marker(text)
+    start = first_marker(text)
     if start < 0:
         calls = _llama_json(text, schemas)
         return ("", calls) if calls else (text, [])
@@ -98,7 +96,8 @@ def parse_tool_calls(text: str, functions: Sequence[dict[str, Any]] = ()
     return text, []
 
 
-def _first_marker(text: str) -> int:
+def first_marker(text: str) -> int:
+    """Where the first call marker in ``text`` begins (-1: none)."""
     found = [i for i in (text.find(m) for m in MARKERS) if i >= 0]
     return min(found) if found else -1
 
@@ -219,40 +218,6 @@ def _json_object(text: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
-
-
-class ToolCallStream:
-    """A streamed reply with tool calls in it: ``feed`` returns the content that is safe to
-    show (never the start of a call), ``finish`` the rest of the content and the calls."""
-
-    def __init__(self, functions: Sequence[dict[str, Any]]) -> None:
-        self.functions = functions
-        self._shown = 0
-        self._text = ""
-
-    def feed(self, piece: str) -> str:
-        self._text += piece
-        hold = self._hold_from()
-        shown, self._shown = self._text[self._shown:hold], max(self._shown, hold)
-        return shown
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        content, calls = parse_tool_calls(self._text, self.functions)
-        if not calls:
-            return self._text[self._shown:], []
-        return content[self._shown:], calls
-
-    def _hold_from(self) -> int:
-        """Where the text that may be a call begins (its length: nothing to hold)."""
-        text = self._text
-        if not text[self._shown:].strip() and self._shown == 0:
-            return 0                        # nothing yet: a reply may open with a call
-        if self._shown == 0 and text.lstrip().startswith("{"):
-            return 0                        # a Llama-style call, perhaps
-        start = _first_marker(text)
-        if start >= 0:
-            return start
-        return len(text) - marker_tail(text, MARKERS)     # a marker may be beginning
 
 
 def template_writes_tools(template: str) -> bool:

@@ -3,7 +3,7 @@
 
 ``ChoiceText`` follows one choice as its pieces arrive: the text a client may see now (stop
 strings are already held back by the engine; the start of a tool call is held back here), the
-calls read at the end, and each token's log-probability in OpenAI's form (chat's ``content``
+calls as they are written (name, then arguments piece by piece; gpt-oss's whole at the end), and each token's log-probability in OpenAI's form (chat's ``content``
 list, or the completions API's parallel lists).
 """
 
@@ -17,7 +17,8 @@ from polydev.models.engine import Finished, Piece
 from polydev.models.harmony import ChannelSplitter
 from polydev.models.reasoning import ThinkSplitter
 from polydev.models.sampling import TokenLogprob
-from polydev.models.tool_calls import ToolCall, ToolCallStream, new_call_id
+from polydev.models.tool_call_stream import CallDeltas, ToolCallStream, normalized_arguments
+from polydev.models.tool_calls import ToolCall, new_call_id
 
 __all__ = ["ChoiceText", "Reply", "finish_reason", "merge_logprobs", "usage"]
 
@@ -40,7 +41,8 @@ class ChoiceText:
         self.tools = (ToolCallStream(functions) if chat and functions and not harmony
                       else None)
         self.calls: list[ToolCall] = []
-        self._harmony_call: list[str] | None = None      # [name, arguments so far]
+        self._harmony_calls: list[list[str]] = []        # [name, arguments so far] each
+        self._harmony_deltas = CallDeltas()
         self._token_text = token_text
         self._offset = 0                                   # completions' text_offset
 
@@ -52,10 +54,13 @@ class ChoiceText:
         if self.splitter is not None:
             parts = self.splitter.feed(text) if text is not None else self.splitter.finish()
             deltas = [d for d in (self._harmony_part(kind, part) for kind, part in parts) if d]
+            calls = self._harmony_deltas.grown(self._harmony_calls)
             if text is None:
-                self._end_harmony_call()
-                deltas += self._call_deltas()
-            return deltas
+                self.calls, final = self._harmony_deltas.final(
+                    [ToolCall(name, normalized_arguments(arguments), new_call_id())
+                     for name, arguments in self._harmony_calls])
+                calls += final
+            return deltas + ([{"tool_calls": calls}] if calls else [])
         if self.thinker is None:
             return self._content(text)
         parts = self.thinker.feed(text) if text is not None else self.thinker.finish()
@@ -70,31 +75,23 @@ class ChoiceText:
         if self.tools is not None:
             if text is not None:
                 shown = self.tools.feed(text)
-                return [{"content": shown}] if shown else []
-            rest, self.calls = self.tools.finish()
-            return ([{"content": rest}] if rest else []) + self._call_deltas()
+                calls = self.tools.deltas()
+            else:
+                shown, self.calls = self.tools.finish()
+                calls = self.tools.final_deltas()
+            return (([{"content": shown}] if shown else [])
+                    + ([{"tool_calls": calls}] if calls else []))
         return [{"content": text}] if text else []
 
     def _harmony_part(self, kind: str, part: str) -> dict | None:
         if kind == "call":
-            self._end_harmony_call()
-            self._harmony_call = [part, ""]
+            self._harmony_calls.append([part, ""])
             return None
         if kind == "arguments":
-            if self._harmony_call is not None:
-                self._harmony_call[1] += part
+            if self._harmony_calls:
+                self._harmony_calls[-1][1] += part
             return None
-        self._end_harmony_call()
         return {_FIELDS[kind]: part}
-
-    def _end_harmony_call(self) -> None:
-        if self._harmony_call is not None:
-            name, arguments = self._harmony_call
-            self.calls.append(ToolCall(name, arguments.strip() or "{}", new_call_id()))
-            self._harmony_call = None
-
-    def _call_deltas(self) -> list[dict]:
-        return [{"tool_calls": [call.openai(i)]} for i, call in enumerate(self.calls)]
 
     def logprobs(self, piece: Piece, text: str) -> dict | None:
         """The log-probabilities of ``piece``'s tokens in OpenAI's form (None: not asked);

@@ -106,8 +106,11 @@ def test_the_server_reads_calls_from_the_commentary_channel():
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    [streamed] = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]
-    assert streamed["index"] == 0 and streamed["function"] == call["function"]
+    entries = [e for d in deltas for e in d.get("tool_calls") or ()]
+    first, *rest = entries                  # the name, then the arguments piece by piece
+    assert first["index"] == 0 and first["id"] and first["function"]["name"] == "get_weather"
+    assert len(rest) > 1 and all(e["index"] == 0 and "name" not in e["function"] for e in rest)
+    assert "".join(e["function"]["arguments"] for e in entries) == call["function"]["arguments"]
     assert "".join(d.get("content") or "" for d in deltas) == ""
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("jinja2")
 
 from polydev.models.chat_template import render_chat  # noqa: E402
 from polydev.models.harmony import ChannelSplitter  # noqa: E402
-from polydev.models.tool_calls import (ToolCallStream, parse_tool_calls,  # noqa: E402
-                                       without_tool_roles)
+from polydev.models.tool_call_stream import ToolCallStream, json_prefix  # noqa: E402
+from polydev.models.tool_calls import parse_tool_calls, without_tool_roles  # noqa: E402
 
 from needs import templates_dir  # noqa: E402
 
@@ -71,12 +73,56 @@ def test_each_family_reads_back_the_calls_its_template_writes(family):
     assert content.replace("<think>", "").replace("</think>", "").strip() == ""
     assert len({c.id for c in parsed}) == len(parsed)
 
-    stream, shown = ToolCallStream(TOOLS), ""
+    stream, shown, deltas = ToolCallStream(TOOLS), "", []
     for i in range(0, len(text), 3):          # pieces cut anywhere, markers included
         shown += stream.feed(text[i:i + 3])
+        deltas.append(stream.deltas())
     rest, streamed = stream.finish()
+    deltas.append(stream.final_deltas())
     assert [(c.name, json.loads(c.arguments)) for c in streamed] == calls
     assert not any(m in shown + rest for m in ("<tool_call>", "[TOOL_CALLS]", '"name"'))
+    assert joined(deltas) == [c.openai(i) for i, c in enumerate(streamed)]
+    pieces = [e for d in deltas for e in d if e["function"].get("arguments")]
+    assert len(pieces) > (len(calls) if family != "Qwen3-Coder" else len(calls) - 1)
+
+
+def joined(deltas: list[list[dict]]) -> list[dict]:
+    """The calls a client builds from streamed ``delta.tool_calls`` entries, as OpenAI's
+    client does: the first entry of an index opens it, later ones add to its arguments."""
+    calls: list[dict] = []
+    for entry in (e for d in deltas for e in d):
+        if entry["index"] == len(calls):
+            calls.append({**entry, "function": dict(entry["function"])})
+        else:
+            assert "name" not in entry["function"] and "id" not in entry
+            calls[entry["index"]]["function"]["arguments"] += entry["function"]["arguments"]
+    return calls
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False,
+                                                                      allow_infinity=False)
+    | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4),
+                                                                      children, max_size=3),
+    max_leaves=8)
+
+
+@given(st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=4),
+       st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " : ")]), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_streamed_arguments_are_prefixes_of_the_whole_and_join_into_it(value, separators,
+                                                                       ascii_only):
+    """However a model spaces and escapes its JSON, each cut of it gives a text that the dump
+    of the whole begins with, never shorter than the last, and the whole gives the dump."""
+    raw = json.dumps(value, separators=separators, ensure_ascii=ascii_only)
+    whole = json.dumps(json.loads(raw), ensure_ascii=False)
+    last = ""
+    for cut in range(len(raw) + 1):
+        prefix = json_prefix(raw[:cut])
+        assert whole.startswith(prefix) and len(prefix) >= len(last), (raw[:cut], prefix)
+        last = prefix
+    assert last == whole
 
 
 def test_content_before_a_call_streams_and_text_that_is_no_call_stays_content():
