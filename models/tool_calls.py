@@ -38,12 +38,14 @@ HERMES, XML_FUNCTION = "<tool_call>", "<function="
 MISTRAL, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 DEEPSEEK_BEGIN, DEEPSEEK_CALL = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"
 DEEPSEEK_SEP, DEEPSEEK_CALL_END = "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_END = "<｜tool▁calls▁end｜>"
 PYTHON_TAG = "<|python_tag|>"
 HARMONY_CHANNEL = "<|channel|>"
 MARKERS = (HERMES, XML_FUNCTION, MISTRAL, DEEPSEEK_BEGIN, DEEPSEEK_CALL, PYTHON_TAG)
 
 JSON_SPACING = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _ID_CHARACTERS = string.ascii_letters + string.digits
+_CALL_ID_PATTERN = "^[A-Za-z0-9]{9}$"          # what new_call_id makes, and Mistral demands
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|$)", re.S)
@@ -271,16 +273,16 @@ def call_trigger(template: str) -> re.Pattern[bytes] | None:
     """Where ``call_grammar``'s syntax for ``template`` begins in a reply, for ``tool_choice``
     "auto": the grammar then applies from there on (``LazyGrammar``), as llama.cpp's lazy
     grammar does from the marker that opens the calls. None where that syntax has no marker
-    (Llama 3.x's bare JSON object, which llama.cpp leaves free too) or is not the model's own
-    (DeepSeek's and Qwen3-Coder's, which ``call_grammar`` does not write)."""
+    (Llama 3.x's bare JSON object, which llama.cpp leaves free too)."""
     if HARMONY_CHANNEL in template:
         return re.compile(rb"(?P<call><\|channel\|>)commentary to=functions\.")
     if MISTRAL in template:
         return re.compile(re.escape(MISTRAL.encode()))
-    if _llama_calls(template) or any(marker in template for marker in (
-            DEEPSEEK_BEGIN, DEEPSEEK_CALL, XML_FUNCTION)):
+    if _llama_calls(template):
         return None
-    return re.compile(re.escape(HERMES.encode()))
+    if DEEPSEEK_CALL in template:
+        return re.compile(re.escape(DEEPSEEK_BEGIN.encode()))
+    return re.compile(re.escape(HERMES.encode()))        # Hermes' JSON, Qwen3-Coder's XML
 
 
 def _llama_calls(template: str) -> bool:
@@ -292,8 +294,9 @@ def _llama_calls(template: str) -> bool:
 def call_grammar(functions: Sequence[dict[str, Any]], choice: str, parallel: bool,
                  template: str, control_id: Callable[[str], int | None]) -> str:
     """A Lark grammar (llguidance's dialect) for a reply that is only calls, in the syntax
-    of ``template``'s family: of the function ``choice`` names, or of any of ``functions``
-    ("required"); more than one where ``parallel``. ``control_id``: the id of a marker that
+    of ``template``'s family (gpt-oss, Mistral's two, Llama 3.x, DeepSeek R1 and V3.1,
+    Qwen3-Coder's XML, else Hermes): of the function ``choice`` names, or of any of
+    ``functions`` ("required"); more than one where ``parallel``. ``control_id``: the id of a marker that
     is one control token of the vocabulary (the grammar names it by id), else None."""
     chosen = [f["function"] for f in functions if choice == "required"
               or f["function"]["name"] == choice]
@@ -302,10 +305,13 @@ def call_grammar(functions: Sequence[dict[str, Any]], choice: str, parallel: boo
         token = control_id(text)
         return f"<[{token}]>" if token is not None else json.dumps(text)
 
-    def call_schema(key: str) -> str:
+    def call_schema(key: str, ids: bool = False) -> str:
+        """A call as one JSON object; ``ids``: with Mistral Nemo's optional "id" after."""
+        extra = {"id": {"type": "string", "pattern": _CALL_ID_PATTERN}} if ids else {}
         return "%json " + json.dumps({"x-guidance": JSON_SPACING, "anyOf": [{
             "type": "object", "properties": {"name": {"const": f["name"]},
-                                             key: f.get("parameters") or {"type": "object"}},
+                                             key: f.get("parameters") or {"type": "object"},
+                                             **extra},
             "required": ["name", key], "additionalProperties": False} for f in chosen]})
 
     def arguments(function: dict) -> str:
@@ -321,14 +327,63 @@ def call_grammar(functions: Sequence[dict[str, Any]], choice: str, parallel: boo
                            f'%json {arguments(f)}' for head, f in zip(heads, chosen))
         return f'start: {marker(HARMONY_CHANNEL)} ({calls})\n'
     if MISTRAL in template and MISTRAL_ARGS in template:
-        calls = " | ".join(f'{json.dumps(f["name"])} {marker(MISTRAL_ARGS)} %json {arguments(f)}'
-                           for f in chosen)
+        call_id = (f"({marker(MISTRAL_CALL_ID)} /{_CALL_ID_PATTERN[1:-1]}/)? "
+                   if MISTRAL_CALL_ID in template else "")
+        calls = " | ".join(f'{json.dumps(f["name"])} {call_id}{marker(MISTRAL_ARGS)} '
+                           f'%json {arguments(f)}' for f in chosen)
         one = f"{marker(MISTRAL)} ({calls})"
-        return f"start: {one}+\n" if parallel else f"start: {one}\n"
+        return f"start: ({one})+\n" if parallel else f"start: {one}\n"
     if MISTRAL in template:
         return (f'start: {marker(MISTRAL)} "[" {repeated("call", ", ")} "]"\n'
-                f'call: {call_schema("arguments")}\n')
+                f'call: {call_schema("arguments", ids=True)}\n')
     if _llama_calls(template):
         return f'start: {repeated("call", "; ")}\ncall: {call_schema("parameters")}\n'
+    if DEEPSEEK_CALL in template:
+        return _deepseek_grammar(chosen, parallel, "```json" in template, marker, arguments)
+    if XML_FUNCTION in template:
+        return _xml_grammar(chosen, parallel, marker)
     one = f'{marker(HERMES)} "\\n" call "\\n" {marker("</tool_call>")}'
     return f'start: {repeated(one, chr(10))}\ncall: {call_schema("arguments")}\n'
+
+
+def _deepseek_grammar(chosen: Sequence[dict], parallel: bool, fenced: bool,
+                      marker: Callable[[str], str], arguments: Callable[[dict], str]) -> str:
+    """DeepSeek's calls between its section markers: V3.1's ``NAME<sep>{...}``, or R1's
+    ``function<sep>NAME`` and the arguments fenced as JSON (``fenced``)."""
+    def call(f: dict) -> str:
+        name = json.dumps(f["name"])
+        head = (f'"function" {marker(DEEPSEEK_SEP)} {name} "\\n```json\\n"' if fenced
+                else f"{name} {marker(DEEPSEEK_SEP)}")
+        tail = '"\\n```" ' if fenced else ""
+        return (f"{marker(DEEPSEEK_CALL)} {head} %json {arguments(f)} "
+                f"{tail}{marker(DEEPSEEK_CALL_END)}")
+    one = "(" + " | ".join(call(f) for f in chosen) + ")"
+    calls = f'{one} ("\\n"? {one})*' if parallel else one
+    return f"start: {marker(DEEPSEEK_BEGIN)} {calls} {marker(DEEPSEEK_END)}\n"
+
+
+def _xml_grammar(chosen: Sequence[dict], parallel: bool, marker: Callable[[str], str]) -> str:
+    """Qwen3-Coder's ``<function=NAME>`` with a ``<parameter=P>`` per property, in the
+    schema's order (the required ones always): a string is any text up to its closing tag,
+    any other value JSON of its schema."""
+    rules: list[str] = []
+
+    def call(i: int, f: dict) -> str:
+        schema = f.get("parameters") or {}
+        required = set(schema.get("required") or ())
+        parts = []
+        for j, (name, value) in enumerate((schema.get("properties") or {}).items()):
+            rule = f"value_{i}_{j}"
+            if _is_string(value):
+                rules.append(f'{rule}[suffix="\\n</parameter>\\n"]: /(.|\\n)*/')
+            else:
+                value_schema = json.dumps({"x-guidance": JSON_SPACING, **value})
+                rules.append(f'{rule}: %json {value_schema} "\\n</parameter>\\n"')
+            part = json.dumps(f"<parameter={name}>\n") + " " + rule
+            parts.append(part if name in required else f"({part})?")
+        opening = json.dumps(f"<function={f['name']}>\n")
+        return f'{opening} {" ".join(parts)} "</function>"'
+    one = "(" + " | ".join(call(i, f) for i, f in enumerate(chosen)) + ")"
+    wrapped = f'{marker(HERMES)} "\\n" {one} "\\n" {marker("</tool_call>")}'
+    body = f'{wrapped} ("\\n" {wrapped})*' if parallel else wrapped
+    return "start: " + body + "\n" + "".join(rule + "\n" for rule in rules)

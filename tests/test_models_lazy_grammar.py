@@ -128,8 +128,9 @@ def test_each_family_has_the_trigger_of_the_syntax_its_grammar_writes():
     match = harmony.search(b"<|channel|>analysis<|message|>hm<|end|><|start|>assistant"
                            b"<|channel|>commentary to=functions.get")
     assert match and match.start("call") == match.start() and match.start() > 40
-    for template in ("<|python_tag|>", '"parameters" <|start_header_id|>',
-                     "<｜tool▁calls▁begin｜>", "<tool_call>\n<function="):
+    assert call_trigger("<｜tool▁call▁begin｜>").search("<｜tool▁calls▁begin｜>".encode())
+    assert call_trigger("<tool_call>\n<function=").pattern == hermes.pattern
+    for template in ("<|python_tag|>", '"parameters" <|start_header_id|>'):
         assert call_trigger(template) is None, template
 
 

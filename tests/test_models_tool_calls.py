@@ -15,9 +15,10 @@ pytest.importorskip("jinja2")
 from polydev.models.chat_template import render_chat  # noqa: E402
 from polydev.models.harmony import ChannelSplitter  # noqa: E402
 from polydev.models.tool_call_stream import ToolCallStream, json_prefix  # noqa: E402
-from polydev.models.tool_calls import parse_tool_calls, without_tool_roles  # noqa: E402
+from polydev.models.tool_calls import (call_grammar, parse_tool_calls,  # noqa: E402
+                                       without_tool_roles)
 
-from needs import templates_dir  # noqa: E402
+from needs import templates_dir, vocab_dir  # noqa: E402
 
 TOOLS = [
     {"type": "function", "function": {
@@ -84,6 +85,42 @@ def test_each_family_reads_back_the_calls_its_template_writes(family):
     assert joined(deltas) == [c.openai(i) for i, c in enumerate(streamed)]
     pieces = [e for d in deltas for e in d if e["function"].get("arguments")]
     assert len(pieces) > (len(calls) if family != "Qwen3-Coder" else len(calls) - 1)
+
+
+@pytest.fixture(scope="module")
+def byte_vocabulary():
+    """A byte-level vocabulary (Qwen2's, 152k tokens) that spells every marker as text."""
+    pytest.importorskip("llguidance")
+    from polydev.models.gguf import GGUFFile
+    from polydev.models.grammar import GrammarVocabulary
+    from polydev.models.tokenizer import Tokenizer
+    with GGUFFile(vocab_dir() / "ggml-vocab-qwen2.gguf") as f:
+        tokenizer = Tokenizer.from_gguf(f)
+    return tokenizer, GrammarVocabulary(tokenizer)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_grammar_that_forces_calls_takes_what_the_template_writes(family,
+                                                                      byte_vocabulary):
+    """``call_grammar`` in each family's own syntax: the calls its template writes are a
+    whole match, and a call of a function not offered is refused."""
+    from polydev.models.grammar import Grammar, GrammarError
+    tokenizer, vocabulary = byte_vocabulary
+    template = (templates_dir() / f"{family}.jinja").read_text()
+    calls = CALLS[:1] if family in SINGLE_CALL else CALLS
+    grammar = Grammar("lark", call_grammar(TOOLS, "required", len(calls) > 1, template,
+                                           lambda text: None))
+    compiled = vocabulary.compile(grammar)
+    matcher = vocabulary.matcher(compiled)
+    text = assistant_text(template, calls).split("</think>")[-1].lstrip()   # calls, not thought
+    for token in tokenizer.encode(text, add_special=False):
+        matcher.accept(token)
+    assert matcher.complete
+    wrong = assistant_text(template, [("get_time", {"city": "Paris"})]).split("</think>")[-1]
+    matcher = vocabulary.matcher(compiled)
+    with pytest.raises(GrammarError):
+        for token in tokenizer.encode(wrong.lstrip(), add_special=False):
+            matcher.accept(token)
 
 
 def joined(deltas: list[list[dict]]) -> list[dict]:
