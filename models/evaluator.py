@@ -32,7 +32,7 @@ from .kv_shift import KeyRope, KeyShiftGraph
 from .layers import Weights
 from .loader import ModelWeights
 from .pipeline import micro_batch_size, pipeline_stages
-from .step import StepGraph, StepShape
+from .step import MaskRows, StepGraph, StepShape
 
 __all__ = ["Evaluator", "Timings"]
 
@@ -91,6 +91,7 @@ class Evaluator(Resource):
                 b.close()
             raise
         self._graphs: OrderedDict[StepShape, StepGraph] = OrderedDict()
+        self._mask_rows = MaskRows()                    # one scratch for every graph's masks
         self._last_graph: StepGraph | None = None       # the graph of the last step
         self._key_rope: dict[int, KeyRope] | None = None   # each layer's rope of its keys
         self.timings = Timings()
@@ -136,8 +137,8 @@ class Evaluator(Resource):
 
     def graph(self, n_tokens: int, n_outputs: int = 1, prompt: bool = False) -> StepGraph:
         """The graph for a step of ``n_tokens`` over the cells in use (built if new); a step
-        that reads a prompt (some row outputs nothing) attends over a power of two of them
-        (``KVCache.n_kv``)."""
+        that reads a prompt (some row outputs nothing) attends over a few recurring counts of
+        them (``KVCache.n_kv``)."""
         n_kv = self.kv.n_kv(prompt)
         last = self._last_graph
         shape = StepShape(n_tokens, n_kv, n_outputs, self.embeddings)
@@ -146,7 +147,8 @@ class Evaluator(Resource):
         g = self._graphs.get(shape)
         if g is None:
             g = self._graphs[shape] = StepGraph(self.hp, self.kv, shape,
-                                                lambda s: self._build(s, self.weights))
+                                                lambda s: self._build(s, self.weights),
+                                                self._mask_rows)
             self._key_rope = g.key_rope
             self.timings.graphs_built += 1
             while len(self._graphs) > _GRAPHS_KEPT:

@@ -72,13 +72,14 @@ class KVCache(Resource):
 
     def n_kv(self, prompt: bool = False) -> int:
         """Cells a graph attends over: those up to the last one in use, padded to a multiple
-        of 256, or for a step that reads a prompt (``prompt``) to a power of two: a prompt
-        may come at any fill of the cache, and its graph should be one built before. The
-        cells past the last in use are masked, and attention skips masked cells a block at
-        a time, so a prompt pays for them only in its mask."""
+        of 256, or for a step that reads a prompt (``prompt``) of a quarter of the power of
+        two below (4 sizes per doubling from 1024 cells on): a prompt may come at any fill of
+        the cache, and its graph should be one built before. The cells past the last in use
+        are masked, and the CPU's attention skips masked cells a block at a time; other
+        kernels read at most a quarter more."""
         end = max(KV_PAD, self.cells.end)
-        size = 1 << (end - 1).bit_length() if prompt else -(-end // KV_PAD) * KV_PAD
-        return min(self.size, size)
+        pad = max(KV_PAD, (1 << (end.bit_length() - 1)) // 4) if prompt else KV_PAD
+        return min(self.size, -(-end // pad) * pad)
 
     # --- sequences: llama.cpp's llama_memory_seq_* ------------------------------------------
 

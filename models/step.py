@@ -21,7 +21,7 @@ from .hparams import HParams
 from .kv_cache import KVCache
 from .kv_shift import KeyRope
 
-__all__ = ["StepShape", "StepGraph", "attn_temperature_scale"]
+__all__ = ["MaskRows", "StepShape", "StepGraph", "attn_temperature_scale"]
 
 
 def attn_temperature_scale(positions: np.ndarray, hp: HParams) -> np.ndarray:
@@ -39,10 +39,25 @@ class StepShape:
     embeddings: bool = False        # output the final norm's rows, not logits
 
 
+class MaskRows:
+    """The float16 rows a step's masks are filled in before they are written, one array for
+    every step graph of an evaluator (a graph of its own each held n_tokens x n_kv: 128 MiB
+    at 512 x 131072, times every graph kept)."""
+
+    def __init__(self) -> None:
+        self._rows = np.empty(0, dtype=np.float16)
+
+    def rows(self, n_tokens: int, n_kv: int) -> np.ndarray:
+        if self._rows.size < n_tokens * n_kv:
+            self._rows = np.empty(n_tokens * n_kv, dtype=np.float16)
+        return self._rows[:n_tokens * n_kv].reshape(n_tokens, n_kv)
+
+
 class StepGraph:
     """The inputs of one step shape, the graph built over them, and its logits."""
 
-    def __init__(self, hp: HParams, kv: KVCache, shape: StepShape, build) -> None:
+    def __init__(self, hp: HParams, kv: KVCache, shape: StepShape, build,
+                 mask_rows: MaskRows | None = None) -> None:
         self.hp, self.kv, self.shape = hp, kv, shape
         n, n_kv = shape.n_tokens, shape.n_kv
         ctx = self.ctx = Context(f"step {n}x{n_kv}")
@@ -53,7 +68,7 @@ class StepGraph:
                                                   name="kq_mask").set_input()
         self.mask_swa = (ctx.new_tensor(GGMLType.F16, [n_kv, n], name="kq_mask_swa").set_input()
                          if hp.sliding_window > 0 else None)
-        self._mask_rows = np.empty((n, n_kv), dtype=np.float16)     # filled, then written
+        self._mask_rows = mask_rows or MaskRows()
         self.out_ids = (ctx.new_tensor(GGMLType.I32, [shape.n_outputs], name="inp_out_ids")
                         .set_input() if shape.n_outputs < n else None)
         # what RoPE turns q and k by
@@ -89,12 +104,12 @@ class StepGraph:
             tensor_set(self.positions, ub.positions)
         tensor_set(self.cells, cells)
         kv_cells, n_kv = self.kv.cells, self.shape.n_kv
+        rows = self._mask_rows.rows(self.shape.n_tokens, n_kv)     # filled, then written
         if self.mask is not None:
-            tensor_set(self.mask, kv_cells.mask(ub.positions, ub.seq_ids, n_kv, 0,
-                                                self._mask_rows))
+            tensor_set(self.mask, kv_cells.mask(ub.positions, ub.seq_ids, n_kv, 0, rows))
         if self.mask_swa is not None:
             tensor_set(self.mask_swa, kv_cells.mask(ub.positions, ub.seq_ids, n_kv,
-                                                    self.hp.sliding_window, self._mask_rows))
+                                                    self.hp.sliding_window, rows))
         if self.out_ids is not None:
             tensor_set(self.out_ids, ub.outputs)
         if self.attn_scale is not None:

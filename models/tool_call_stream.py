@@ -16,13 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import re
+import string
 from dataclasses import replace
 from typing import Any, Sequence
 
 from .streaming import marker_tail
-from .tool_calls import (DEEPSEEK_BEGIN, DEEPSEEK_CALL, DEEPSEEK_SEP, HERMES, MARKERS, MISTRAL,
-                         MISTRAL_ARGS, MISTRAL_CALL_ID, PYTHON_TAG, XML_FUNCTION, ToolCall,
-                         first_marker, new_call_id, parse_tool_calls)
+from .tool_calls import (DEEPSEEK_BEGIN, DEEPSEEK_CALL, DEEPSEEK_FENCE, DEEPSEEK_SEP, HERMES,
+                         MARKERS, MISTRAL, MISTRAL_ARGS, MISTRAL_CALL_ID, XML_FUNCTION,
+                         XML_FUNCTION_CALL, ToolCall, first_marker, new_call_id,
+                         parse_tool_calls)
 
 __all__ = ["CallDeltas", "ToolCallStream", "json_prefix", "normalized_arguments",
            "partial_calls"]
@@ -32,7 +34,6 @@ log = logging.getLogger(__name__)
 _DECODER = json.JSONDecoder()
 _SPACE = " \t\r\n"
 _CUT = "\ue000cut\ue000"          # where a closed text was cut off (private-use characters)
-_DEEPSEEK_FENCE = re.compile(r"\n```(?:json)?\n")
 
 
 def json_prefix(text: str) -> str:
@@ -49,7 +50,7 @@ def json_prefix(text: str) -> str:
     closing += "".join("}" if c == "{" else "]" for c in reversed(stack))
     try:
         dumped = json.dumps(json.loads(text + closing), ensure_ascii=False)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):        # not JSON after all, or nested past Python's
         return ""
     at = dumped.find(_CUT)
     if at < 0:                      # nothing open but the containers: their closers go
@@ -69,6 +70,8 @@ def _scan(text: str) -> tuple[str, bool, list[str], str | None]:
     for at, c in enumerate(text):
         if in_string:
             if unicode_left:
+                if c not in string.hexdigits:
+                    return text, False, stack, None
                 unicode_left -= 1
                 if not unicode_left:
                     code = int(text[escape_at + 2:at + 1], 16)
@@ -120,13 +123,12 @@ def _scan(text: str) -> tuple[str, bool, list[str], str | None]:
     return text, False, stack, expect
 
 
-def partial_calls(text: str, functions: Sequence[dict[str, Any]]
-                  ) -> list[tuple[str, str | None]]:
-    """The calls begun in ``text`` (a reply from its first marker on, or from its start where
-    a Llama-style object may be a call), each with its name once whole and the text of its
-    arguments so far (None: they are not written as JSON, Qwen3-Coder's XML). Read as
-    ``parse_tool_calls`` reads a whole reply."""
-    names = {f["function"]["name"] for f in functions}
+def partial_calls(text: str) -> list[tuple[str, str | None]]:
+    """The calls begun in ``text`` (a reply from its first marker on), each with its name
+    once whole and the text of its arguments so far where they are a JSON object or array
+    (None: sent whole at the end, as Qwen3-Coder's XML, arguments written as a JSON string,
+    or the key ``parse_tool_calls`` does not prefer). Llama 3.x's bare objects are calls only
+    if the whole reply is, so none is read before the end."""
     if text.startswith(HERMES):
         return _hermes(text)
     if text.startswith(XML_FUNCTION):
@@ -135,17 +137,15 @@ def partial_calls(text: str, functions: Sequence[dict[str, Any]]
         return _mistral(text)
     if text.startswith((DEEPSEEK_BEGIN, DEEPSEEK_CALL)):
         return _deepseek(text)
-    if text.startswith(PYTHON_TAG):
-        return _objects(text, len(PYTHON_TAG), names)
-    return _objects(text, 0, names)
+    return []
 
 
 def _value_end(text: str, at: int) -> int | None:
-    """Where the JSON value at ``text[at]`` ends (None: cut off; a number at the very end
-    may still go on)."""
+    """Where the JSON value at ``text[at]`` ends (None: cut off, or not JSON; a number at the
+    very end may still go on)."""
     try:
         _, end = _DECODER.raw_decode(text, at)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     return None if end == len(text) and text[at] in "-0123456789" else end
 
@@ -156,43 +156,48 @@ def _skip(text: str, at: int, also: str = "") -> int:
     return at
 
 
-def _object(text: str, at: int, keys: tuple[str, ...]
-            ) -> tuple[str | None, str | None, int | None]:
+def _arguments(text: str) -> str | None:
+    """Arguments streamed as they come: a JSON object or array (a string is sent whole)."""
+    return text if text.startswith(("{", "[")) else None
+
+
+def _object(text: str, at: int, key: str) -> tuple[str | None, str | None, int | None]:
     """A call written as one JSON object at ``text[at]``: its "name" once whole, the text so
-    far of the first of ``keys`` (its arguments), and where the object ends (None: cut off)."""
+    far of its ``key`` (its arguments), and where the object ends (None: cut off)."""
     name, arguments = None, None
     if not text.startswith("{", at):
         return None, None, None
-    at += 1
+    at = at + 1
     while True:
         at = _skip(text, at, ",")
         if text.startswith("}", at):
             return name, arguments, at + 1
         end = _value_end(text, at)
-        if end is None or not isinstance(key := json.loads(text[at:end]), str):
+        if end is None or not text.startswith('"', at):
             return name, arguments, None
+        member = json.loads(text[at:end])
         at = _skip(text, end)
         if not text.startswith(":", at):
             return name, arguments, None
         start = _skip(text, at + 1)
         end = _value_end(text, start)
-        if key == "name" and end is not None:
+        if member == "name" and end is not None:
             value = json.loads(text[start:end])
-            name = value if isinstance(value, str) else None
-        elif key in keys and arguments is None and start < len(text):
-            arguments = text[start:end]
+            name = value.strip() if isinstance(value, str) else None
+        elif member == key and arguments is None and start < len(text):
+            arguments = _arguments(text[start:end])
         if end is None:
             return name, arguments, None
         at = end
 
 
-def _objects(text: str, at: int, names: set[str]) -> list[tuple[str, str | None]]:
-    """Llama 3.x: objects naming offered functions, one after another."""
+def _objects(text: str, at: int, key: str) -> list[tuple[str, str | None]]:
+    """Calls as JSON objects one after another (``[...]``'s items, from ``at``)."""
     calls = []
     while True:
-        at = _skip(text, at, ";")
-        name, arguments, end = _object(text, at, ("parameters", "arguments"))
-        if name is None or name not in names:
+        at = _skip(text, at, ",")
+        name, arguments, end = _object(text, at, key)
+        if name is None:
             return calls
         calls.append((name, arguments))
         if end is None:
@@ -207,7 +212,7 @@ def _hermes(text: str) -> list[tuple[str, str | None]]:
         if part.startswith(XML_FUNCTION, at):
             calls += _xml(part[at:])
             continue
-        name, arguments, end = _object(part, at, ("arguments", "parameters"))
+        name, arguments, end = _object(part, at, "arguments")
         if name is None:
             break
         calls.append((name, arguments))
@@ -217,8 +222,7 @@ def _hermes(text: str) -> list[tuple[str, str | None]]:
 
 
 def _xml(text: str) -> list[tuple[str, str | None]]:
-    names = re.findall(r"<function=([^>\s]+)>", text)
-    return [(name.strip(), None) for name in names]
+    return [(name.strip(), None) for name, _ in XML_FUNCTION_CALL.findall(text)]
 
 
 def _mistral(text: str) -> list[tuple[str, str | None]]:
@@ -226,16 +230,7 @@ def _mistral(text: str) -> list[tuple[str, str | None]]:
     for part in text.split(MISTRAL)[1:]:
         at = _skip(part, 0)
         if part.startswith("[", at):                 # Nemo: a list of objects
-            at += 1
-            while True:
-                at = _skip(part, at, ",")
-                name, arguments, end = _object(part, at, ("arguments",))
-                if name is None:
-                    return calls
-                calls.append((name, arguments))
-                if end is None:
-                    return calls
-                at = end
+            return calls + _objects(part, at + 1, "arguments")
         head, found, arguments = part.partition(MISTRAL_ARGS)
         if not found:
             return calls
@@ -243,11 +238,11 @@ def _mistral(text: str) -> list[tuple[str, str | None]]:
     return calls
 
 
-def _json_text(text: str) -> str:
-    """The JSON value that ``text`` begins with (after spaces), as far as it goes."""
+def _json_text(text: str) -> str | None:
+    """The JSON object or array ``text`` begins with (after spaces), as far as it goes."""
     text = text.lstrip()
     end = _value_end(text, 0) if text else None
-    return text if end is None else text[:end]
+    return _arguments(text if end is None else text[:end])
 
 
 def _deepseek(text: str) -> list[tuple[str, str | None]]:
@@ -257,7 +252,7 @@ def _deepseek(text: str) -> list[tuple[str, str | None]]:
         if not found:
             break
         if head in ("", "function"):                 # R1: NAME, a fence, the arguments
-            fence = _DEEPSEEK_FENCE.search(rest)
+            fence = DEEPSEEK_FENCE.search(rest)
             if fence is None:
                 break
             name, arguments = rest[:fence.start()], rest[fence.end():]
@@ -268,31 +263,50 @@ def _deepseek(text: str) -> list[tuple[str, str | None]]:
 
 
 class CallDeltas:
-    """OpenAI's ``delta.tool_calls`` entries for calls as they grow: ``grown`` takes the calls
-    found so far (each its name and the text of its arguments so far) and gives what is new,
-    ``final`` the calls read whole (given the ids streamed) and what they still lack (a name
-    or arguments other than those streamed are logged: what is sent cannot be taken back)."""
+    """OpenAI's ``delta.tool_calls`` entries for calls as they grow (see ``grown`` and
+    ``final``). The arguments' text is read again only once it has grown by a sixteenth
+    since it was last read, so a long one costs O(n log n), not O(n²), to stream."""
 
     def __init__(self) -> None:
         self._sent: list[tuple[str, str, str]] = []     # per call: id, name, arguments sent
+        self._read: list[int] = []                      # per call: arguments' length read
 
     def grown(self, found: Sequence[tuple[str, str | None]]) -> list[dict[str, Any]]:
+        """What is new in ``found`` (each call so far: its name, and the text of its
+        arguments so far or None): a new call's entry (index, id, type, name, arguments so
+        far), and more arguments of one already sent."""
         out = []
         for i, (name, arguments) in enumerate(found):
+            if i < len(self._sent) and not self._worth_reading(i, arguments):
+                continue
             text = json_prefix(arguments) if arguments else ""
             if i == len(self._sent):
                 call_id = new_call_id()
                 self._sent.append((call_id, name, text))
+                self._read.append(len(arguments or ""))
                 out.append({"index": i, "id": call_id, "type": "function",
                             "function": {"name": name, "arguments": text}})
                 continue
             call_id, name, sent = self._sent[i]
+            self._read[i] = len(arguments or "")
             if len(text) > len(sent) and text.startswith(sent):
                 self._sent[i] = (call_id, name, text)
                 out.append({"index": i, "function": {"arguments": text[len(sent):]}})
         return out
 
+    def _worth_reading(self, i: int, arguments: str | None) -> bool:
+        grown = len(arguments or "") - self._read[i]
+        return grown > 0 and grown >= self._read[i] // 16
+
+    @property
+    def as_sent(self) -> list[ToolCall]:
+        """The calls as far as they were streamed."""
+        return [ToolCall(name, arguments, call_id) for call_id, name, arguments in self._sent]
+
     def final(self, calls: Sequence[ToolCall]) -> tuple[list[ToolCall], list[dict[str, Any]]]:
+        """The calls of the whole reply (with the ids streamed) and what they still lack: the
+        entries of calls not sent, and the rest of the arguments of those sent. A name or
+        arguments other than those streamed cannot be taken back; they are logged."""
         calls = [replace(c, id=self._sent[i][0]) if i < len(self._sent) else c
                  for i, c in enumerate(calls)]
         out = []
@@ -302,8 +316,8 @@ class CallDeltas:
                 continue
             _, name, sent = self._sent[i]
             if name != call.name or not call.arguments.startswith(sent):
-                log.warning("tool call %d streamed as %s(%s), read whole as %s(%s)", i, name,
-                            sent, call.name, call.arguments)
+                log.debug("tool call %d streamed as %s(%.80s), read whole as %s(%.80s)", i,
+                          name, sent, call.name, call.arguments)
             elif len(call.arguments) > len(sent):
                 out.append({"index": i, "function": {"arguments": call.arguments[len(sent):]}})
         return calls, out
@@ -314,7 +328,7 @@ def normalized_arguments(text: str) -> str:
     they parse (the form streamed pieces join into), else the text ("{}" where empty)."""
     try:
         return json.dumps(json.loads(text), ensure_ascii=False)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return text.strip() or "{}"
 
 
@@ -322,7 +336,9 @@ class ToolCallStream:
     """A streamed reply with tool calls in it: ``feed`` returns the content that is safe to
     show (never the start of a call) and ``deltas`` what the calls gained since it was last
     asked (OpenAI's ``delta.tool_calls`` entries); ``finish`` returns the rest of the content
-    and the calls, and ``final_deltas`` what they still lack."""
+    and the calls, and ``final_deltas`` what they still lack. Calls streamed that the whole
+    reply does not read (cut off by the length limit, or not JSON after all) stand as they
+    were sent, as OpenAI's do, and their text is not shown as content."""
 
     def __init__(self, functions: Sequence[dict[str, Any]]) -> None:
         self.functions = functions
@@ -332,18 +348,23 @@ class ToolCallStream:
         self._final: list[dict[str, Any]] = []
 
     def feed(self, piece: str) -> str:
+        """The content of ``piece`` that may be shown now."""
         self._text += piece
         hold = self._hold_from()
         shown, self._shown = self._text[self._shown:hold], max(self._shown, hold)
         return shown
 
     def deltas(self) -> list[dict[str, Any]]:
-        start = first_marker(self._text)            # else a Llama-style "{" may open one
-        held = self._text[start:] if start >= 0 else self._text[self._shown:].lstrip()
-        return self._deltas.grown(partial_calls(held, self.functions) if held else [])
+        """The ``delta.tool_calls`` entries of what the calls gained since the last ask."""
+        start = first_marker(self._text)
+        return self._deltas.grown(partial_calls(self._text[start:])) if start >= 0 else []
 
     def finish(self) -> tuple[str, list[ToolCall]]:
+        """The content not shown yet and the calls of the whole reply."""
         content, calls = parse_tool_calls(self._text, self.functions)
+        if len(calls) < len(self._deltas.as_sent):
+            calls = self._deltas.as_sent
+            content = self._text[:first_marker(self._text)].rstrip()
         calls, self._final = self._deltas.final(calls)
         if not calls:
             return self._text[self._shown:], []

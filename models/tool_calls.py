@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 
-__all__ = ["ToolCall", "call_grammar", "call_trigger", "first_marker", "new_call_id",
-           "parse_tool_calls", "tools_prompt", "template_writes_tools", "without_tool_roles"]
+__all__ = ["DEEPSEEK_FENCE", "XML_FUNCTION_CALL", "ToolCall", "call_grammar", "call_trigger",
+           "first_marker", "new_call_id", "parse_tool_calls", "tools_prompt",
+           "template_writes_tools", "without_tool_roles"]
 
 HERMES, XML_FUNCTION = "<tool_call>", "<function="
 MISTRAL, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -47,10 +48,11 @@ JSON_SPACING = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 _ID_CHARACTERS = string.ascii_letters + string.digits
 _CALL_ID_PATTERN = "^[A-Za-z0-9]{9}$"          # what new_call_id makes, and Mistral demands
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)
+XML_FUNCTION_CALL = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|$)", re.S)
+DEEPSEEK_FENCE = re.compile(r"\n```(?:json)?\n")          # R1's arguments open with it
 _DEEPSEEK_FENCED = re.compile(r"^(?:function)?" + re.escape(DEEPSEEK_SEP)
-                              + r"(.+?)\n```(?:json)?\n(.*?)\n```", re.S)
+                              + r"(.+?)" + DEEPSEEK_FENCE.pattern + r"(.*?)\n```", re.S)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def _xml_functions(text: str, schemas: dict[str, dict]) -> list[ToolCall]:
     """Qwen3-Coder's ``<function=NAME><parameter=P>value</parameter></function>``: a value
     is text where its schema says string, JSON where it parses as JSON, else text."""
     calls = []
-    for name, body in _XML_FUNCTION.findall(text):
+    for name, body in XML_FUNCTION_CALL.findall(text):
         properties = (schemas.get(name) or {}).get("properties") or {}
         arguments = {}
         for key, value in _XML_PARAMETER.findall(body):
@@ -161,7 +163,7 @@ def _mistral(text: str, schemas: dict[str, dict]) -> list[ToolCall]:
             continue
         try:                                        # [{"name": ..., "arguments": ...}, ...]
             listed, _ = json.JSONDecoder().raw_decode(part)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         for item in listed if isinstance(listed, list) else [listed]:
             if isinstance(item, dict) and isinstance(item.get("name"), str):
@@ -204,7 +206,7 @@ def _llama_json(text: str, schemas: dict[str, dict]) -> list[ToolCall]:
             return calls
         try:
             value, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return []
         name = value.get("name") if isinstance(value, dict) else None
         if not isinstance(name, str) or name not in schemas:
@@ -217,7 +219,7 @@ def _json_object(text: str) -> dict[str, Any] | None:
     """``text`` as one JSON object (surrounding whitespace allowed), else None."""
     try:
         value = json.loads(text.strip())
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):       # not JSON, or nested past Python's limit
         return None
     return value if isinstance(value, dict) else None
 
@@ -296,8 +298,9 @@ def call_grammar(functions: Sequence[dict[str, Any]], choice: str, parallel: boo
     """A Lark grammar (llguidance's dialect) for a reply that is only calls, in the syntax
     of ``template``'s family (gpt-oss, Mistral's two, Llama 3.x, DeepSeek R1 and V3.1,
     Qwen3-Coder's XML, else Hermes): of the function ``choice`` names, or of any of
-    ``functions`` ("required"); more than one where ``parallel``. ``control_id``: the id of a marker that
-    is one control token of the vocabulary (the grammar names it by id), else None."""
+    ``functions`` ("required"); more than one where ``parallel``. ``control_id``: the id of
+    a marker that is one control token of the vocabulary (the grammar names it by id), else
+    None."""
     chosen = [f["function"] for f in functions if choice == "required"
               or f["function"]["name"] == choice]
 

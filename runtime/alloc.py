@@ -264,15 +264,16 @@ class GraphAllocator(Resource):
         the buffer ids are unknown, so it returns False and the caller must call ``reserve``
         with explicit ids. Returns True once the graph is allocated.
 
-        Allocating the graph of the last call again (the same node and leaf tensors) replays
+        Allocating one of the last 16 graphs again (the same node and leaf tensors) replays
         the placements recorded then, without checking sizes again: a tensor's shape does not
         change after it is created. A new reservation may move tensors, so create backend
         graph plans after ``alloc_graph``.
         """
         self._check_open()
-        replay = self._replays.get(_Replay.key(graph))
+        key = _Replay.key(graph)
+        replay = self._replays.get(key)
         if replay is not None and replay.matches(graph):
-            self._replays.move_to_end(replay.key(graph))
+            self._replays.move_to_end(key)
             replay.run(self._chunks)
             return True
         replay = self._replay_for(graph, self._plan) if self._plan is not None else None
@@ -285,7 +286,7 @@ class GraphAllocator(Resource):
             self.reserve(graph)
             replay = self._replay_for(graph, self._plan)
             assert replay is not None, "a graph must fit its own reservation"
-        self._replays[replay.key(graph)] = replay
+        self._replays[key] = replay
         while len(self._replays) > _REPLAYS_KEPT:
             self._replays.popitem(last=False)
         replay.run(self._chunks)

@@ -313,8 +313,8 @@ async def _generate(request: Request, worker: ModelWorker, read: Callable[[Any],
     reply = Reply(model_name, chat)
     functions = gen.tools.functions if gen.tools is not None else None
     texts = [ChoiceText(i, chat, chat and model.speaks_harmony, functions,
-                        lambda t: model.tokenizer.token_to_piece(t, special=True), thinking)
-             for i in range(gen.n)]
+                        lambda t: model.tokenizer.token_to_piece(t, special=True), thinking,
+                        gen.stream) for i in range(gen.n)]
     if gen.stream:
         return StreamingResponse(_stream(reply, texts, queue, handles, gen.include_usage),
                                  media_type="text/event-stream",
@@ -382,10 +382,10 @@ def _lazy_call_grammars(model, tools, n: int, thinking: str | None) -> list:
         return [None] * n
     try:
         vocabulary = model.grammar_vocabulary
-    except MissingDependencyError as e:
+        compiled = vocabulary.compile(_tools_grammar(model, tools, "required"))
+    except (MissingDependencyError, GrammarError) as e:    # e.g. a schema llguidance lacks
         log.debug("tool calls go unconstrained: %s", e)
         return [None] * n
-    compiled = vocabulary.compile(_tools_grammar(model, tools, "required"))
     return [LazyGrammar(vocabulary, compiled, trigger, thinking) for _ in range(n)]
 
 

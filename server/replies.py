@@ -2,9 +2,10 @@
 (a harmony model's reasoning apart), tool calls, log-probabilities, finish reasons and usage.
 
 ``ChoiceText`` follows one choice as its pieces arrive: the text a client may see now (stop
-strings are already held back by the engine; the start of a tool call is held back here), the
-calls as they are written (name, then arguments piece by piece; gpt-oss's whole at the end), and each token's log-probability in OpenAI's form (chat's ``content``
-list, or the completions API's parallel lists).
+strings are already held back by the engine; the start of a tool call is held back here),
+the calls as they are written (the name, then the arguments piece by piece), and each
+token's log-probability in OpenAI's form (chat's ``content`` list, or the completions API's
+parallel lists).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ class ChoiceText:
 
     def __init__(self, index: int, chat: bool, harmony: bool,
                  functions: Sequence[dict[str, Any]] | None,
-                 token_text: Callable[[int], bytes], thinking: str | None = None) -> None:
+                 token_text: Callable[[int], bytes], thinking: str | None = None,
+                 stream: bool = True) -> None:
         """``thinking``: the model writes ``<think>`` reasoning ("open": its prompt opened
-        it already, "closed": a reply may open it; None: it does not)."""
-        self.index, self.chat = index, chat
+        it already, "closed": a reply may open it; None: it does not); ``stream``: calls are
+        read as they grow (else only at the end)."""
+        self.index, self.chat, self.stream = index, chat, stream
         self.splitter = ChannelSplitter() if chat and harmony else None
         self.thinker = (ThinkSplitter(thinking == "open")
                         if chat and thinking and not harmony else None)
@@ -54,7 +57,7 @@ class ChoiceText:
         if self.splitter is not None:
             parts = self.splitter.feed(text) if text is not None else self.splitter.finish()
             deltas = [d for d in (self._harmony_part(kind, part) for kind, part in parts) if d]
-            calls = self._harmony_deltas.grown(self._harmony_calls)
+            calls = self._harmony_deltas.grown(self._harmony_calls) if self.stream else []
             if text is None:
                 self.calls, final = self._harmony_deltas.final(
                     [ToolCall(name, normalized_arguments(arguments), new_call_id())
@@ -75,7 +78,7 @@ class ChoiceText:
         if self.tools is not None:
             if text is not None:
                 shown = self.tools.feed(text)
-                calls = self.tools.deltas()
+                calls = self.tools.deltas() if self.stream else []
             else:
                 shown, self.calls = self.tools.finish()
                 calls = self.tools.final_deltas()

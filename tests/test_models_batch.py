@@ -296,21 +296,22 @@ def test_prompts_of_nearby_lengths_share_one_graph(tmp_path):
         assert m.memory.cells.used == 253
 
 
-def test_a_prompt_attends_over_a_power_of_two_of_cells(tmp_path):
-    """With 600 cells in use a prompt's step attends over 1024 (the masked rest skipped), a
-    decode step over 768, and both give the logits of the whole text evaluated at once."""
+def test_a_prompt_attends_over_a_few_recurring_counts_of_cells(tmp_path):
+    """With 2100 cells in use a prompt's step attends over 2560 (a multiple of 512, the
+    masked rest skipped), a decode step over 2304 (of 256), and both give the logits of the
+    whole text evaluated at once."""
     path = write_test_model(tmp_path / "m.gguf", n_layer=2, weight_type="F16")
-    text = tokens_for(620, 11)
-    with load(path, devices=[], n_ctx=1024, progress=False) as m:
-        m.eval(text[:600])
-        prompt = m.evaluator.eval(text[600:619])
-        assert m.evaluator._last_graph.shape.n_kv == 1024
-        decode = m.evaluator.eval(text[619:])
-        assert m.evaluator._last_graph.shape.n_kv == 768
-    with load(path, devices=[], n_ctx=1024, progress=False) as m:
+    text = tokens_for(2120, 11)
+    with load(path, devices=[], n_ctx=4096, progress=False) as m:
+        m.eval(text[:2100])
+        prompt = m.evaluator.eval(text[2100:2119])
+        assert m.evaluator._last_graph.shape.n_kv == 2560
+        decode = m.evaluator.eval(text[2119:])
+        assert m.evaluator._last_graph.shape.n_kv == 2304
+    with load(path, devices=[], n_ctx=4096, progress=False) as m:
         m.eval(text, all_logits=True)
         rows = m.logits()
-    close(np.stack([prompt, decode]), rows[[618, 619]])
+    close(np.stack([prompt, decode]), rows[[2118, 2119]])
 
 
 def test_bad_batches_leave_nothing_cached(tmp_path, monkeypatch):
