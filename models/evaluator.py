@@ -19,7 +19,8 @@ from typing import Callable
 import numpy as np
 
 from polydev import Backend, Scheduler, tensor_get, tensor_set
-from polydev.errors import ContextFullError, InvalidArgumentError, PolydevError
+from polydev.errors import (AllocationError, ContextFullError, InvalidArgumentError,
+                            PolydevError)
 from polydev.lifetime import Resource
 from polydev.numerics import DEFAULT_NUMERICS, set_backend_numerics
 
@@ -96,6 +97,21 @@ class Evaluator(Resource):
         self._key_rope: dict[int, KeyRope] | None = None   # each layer's rope of its keys
         self.timings = Timings()
         self.embeddings = False     # steps output the final norm's rows (n_embd), not logits
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Size the compute buffers for the largest prompt step (``n_batch`` tokens over the
+        whole cache), as llama.cpp reserves its worst case when a context is made: a buffer
+        that grows later moves every graph's tensors, and each graph kept must be placed
+        again. Where that much memory cannot be had the buffers grow as steps need."""
+        n_tokens = min(self.n_batch, self.kv.size)
+        shape = StepShape(n_tokens, self.kv.size, 1)
+        graph = StepGraph(self.hp, self.kv, shape, lambda s: self._build(s, self.weights),
+                          self._mask_rows)
+        try:
+            self.sched.reserve(graph.graph)
+        except AllocationError as e:
+            log.info("compute buffers grow as steps need them: %s", e)
 
     @property
     def n_past(self) -> int:
