@@ -97,13 +97,19 @@ class Evaluator(Resource):
         self._key_rope: dict[int, KeyRope] | None = None   # each layer's rope of its keys
         self.timings = Timings()
         self.embeddings = False     # steps output the final norm's rows (n_embd), not logits
-        self._reserve()
+        try:
+            self._reserve()
+        except BaseException:
+            self._free()
+            raise
 
     def _reserve(self) -> None:
         """Size the compute buffers for the largest prompt step (``n_batch`` tokens over the
-        whole cache), as llama.cpp reserves its worst case when a context is made: a buffer
-        that grows later moves every graph's tensors, and each graph kept must be placed
-        again. Where that much memory cannot be had the buffers grow as steps need."""
+        whole cache, one output), as llama.cpp reserves its worst case when a context is
+        made: a buffer that grows later moves every graph's tensors, and each graph kept must
+        be placed again. Host memory stays untouched until a step uses it; a device's is
+        taken at load. Where that much cannot be had, the buffers grow as steps need (a step
+        that outputs every row still grows them, once)."""
         n_tokens = min(self.n_batch, self.kv.size)
         shape = StepShape(n_tokens, self.kv.size, 1)
         graph = StepGraph(self.hp, self.kv, shape, lambda s: self._build(s, self.weights),

@@ -271,13 +271,15 @@ class CallDeltas:
         self._sent: list[tuple[str, str, str]] = []     # per call: id, name, arguments sent
         self._read: list[int] = []                      # per call: arguments' length read
 
-    def grown(self, found: Sequence[tuple[str, str | None]]) -> list[dict[str, Any]]:
+    def grown(self, found: Sequence[tuple[str, str | None]],
+              every: bool = False) -> list[dict[str, Any]]:
         """What is new in ``found`` (each call so far: its name, and the text of its
         arguments so far or None): a new call's entry (index, id, type, name, arguments so
-        far), and more arguments of one already sent."""
+        far), and more arguments of one already sent (``every``: however little they grew;
+        the reply's end)."""
         out = []
         for i, (name, arguments) in enumerate(found):
-            if i < len(self._sent) and not self._worth_reading(i, arguments):
+            if i < len(self._sent) and not (every or self._worth_reading(i, arguments)):
                 continue
             text = json_prefix(arguments) if arguments else ""
             if i == len(self._sent):
@@ -361,11 +363,16 @@ class ToolCallStream:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """The content not shown yet and the calls of the whole reply."""
+        caught_up = []
+        start = first_marker(self._text)
+        if start >= 0 and self._deltas.as_sent:     # what the last reads skipped
+            caught_up = self._deltas.grown(partial_calls(self._text[start:]), every=True)
         content, calls = parse_tool_calls(self._text, self.functions)
         if len(calls) < len(self._deltas.as_sent):
             calls = self._deltas.as_sent
-            content = self._text[:first_marker(self._text)].rstrip()
-        calls, self._final = self._deltas.final(calls)
+            content = self._text[:start].rstrip()
+        calls, final = self._deltas.final(calls)
+        self._final = caught_up + final
         if not calls:
             return self._text[self._shown:], []
         return content[self._shown:], calls

@@ -206,6 +206,18 @@ def test_a_call_that_breaks_off_or_is_no_json_stands_as_streamed(text):
     assert content == ("" if named else text)
 
 
+def test_a_whole_call_before_one_cut_off_keeps_all_its_arguments():
+    """The reads a long argument skips are caught up at the end: a whole call then one cut
+    off by the length limit, fed a character at a time, both stand, the first whole."""
+    first = {"query": "x" * 300}
+    text = ('<tool_call>\n{"name": "search", "arguments": ' + json.dumps(first) + "}\n"
+            '</tool_call>\n<tool_call>\n{"name": "search", "arguments": {"query": "ab')
+    content, calls, joined_calls = streamed(text, piece=1)
+    assert content == "" and json.loads(calls[0].arguments) == first
+    assert calls[1].arguments == '{"query": "ab'
+    assert joined_calls == [c.openai(i) for i, c in enumerate(calls)]
+
+
 def test_a_long_argument_is_read_a_logarithmic_number_of_times(monkeypatch):
     """48 KB of arguments in 4-character pieces: each piece is not a new read of all of
     them (that was O(n²): 14 s of CPU on this size)."""
