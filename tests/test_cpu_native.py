@@ -330,14 +330,16 @@ def test_decode_attention_heads_of_a_kv_head_together(cpu, rng, heads, max_bias,
         assert np.all(out[:, 2] == 0)                   # query 2 sees nothing
 
 
-@pytest.mark.parametrize("n_seq,n_q", [(1, 1), (1, 2), (2, 1)])
-@pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (4.0, 5.0, True)])
+@pytest.mark.parametrize("n_seq,n_q", [(1, 1), (1, 2), (2, 1), (1, 12)])
+@pytest.mark.parametrize("max_bias,softcap,sinks", [(0.0, 0.0, False), (4.0, 5.0, True),
+                                                    (4.0, 0.0, True)])
 @pytest.mark.parametrize("n_kv", [130, 700])
 def test_attention_of_fewer_kv_heads_than_threads_splits_its_cells(rng, n_seq, n_q, max_bias,
                                                                     softcap, sinks, n_kv):
     """One KV head (gemma-3's) gives the blocked kernel fewer tiles than threads (one
     sequence: one tile for two threads; two sequences: two, not split): each tile's cells
-    are split in whole blocks over the threads and merged after. A part that sees no cell
+    are split in whole blocks over the threads and merged after (12 queries: a tile of 48
+    rows, the transposed kernel's unless soft-capped). A part that sees no cell
     (130 cells: one block of visible ones), a run of hidden cells across the split, a query
     that sees nothing; against float64 and equal, up to float32 rounding, to one thread's
     single pass."""
@@ -470,9 +472,27 @@ def test_prompt_attention_over_f16_cache(cpu, rng, case, max_bias, softcap, sink
         assert np.all(out[:, n_q // 2] == 0)
 
 
-def test_prompt_attention_carries_nan(cpu, rng):
+@pytest.mark.parametrize("max_bias", [0.0, 8.0])
+def test_prompt_attention_of_a_plain_causal_mask(cpu, rng, max_bias):
+    """A causal mask of 0 and -inf only (-0 in places), as a model's prompt has: the tiles'
+    blocks left of the diagonal take no mask at all in the transposed kernel, those on it
+    do; 150 queries of four heads per KV head over 400 cells (a last block of 16), ALiBi or
+    none, against float64."""
+    n_q, n_kv = 150, 400
+    q = f32(rng, (1, 16, n_q, 64), -3, 3)
+    k = f32(rng, (1, 4, n_kv, 64), -3, 3).astype(np.float16)
+    v = f32(rng, (1, 4, n_kv, 64)).astype(np.float16)
+    past = n_kv - n_q
+    mask = np.where(np.arange(n_kv)[None, :] > past + np.arange(n_q)[:, None], -np.inf, 0.0)
+    mask[::3, 100:200] = -0.0
+    mask = mask.astype(np.float16)[None, None]
+    _attention_against_float64(cpu, q, k, v, mask, f32(rng, (16,)), max_bias, 0.0, False)
+
+
+@pytest.mark.parametrize("n_q", [16, 48])        # the row kernel's tiles; the transposed one's
+def test_prompt_attention_carries_nan(cpu, rng, n_q):
     """A NaN among the keys reaches the outputs of the queries that see it, never hidden."""
-    q = f32(rng, (1, 4, 16, 64))
+    q = f32(rng, (1, 4, n_q, 64))
     k = f32(rng, (1, 4, 80, 64)).astype(np.float16)
     v = f32(rng, (1, 4, 80, 64)).astype(np.float16)
     k[0, 1, 70, 5] = np.nan
