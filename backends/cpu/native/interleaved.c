@@ -14,12 +14,13 @@ static void put_nibble_chunks(uint8_t *out, int r, const uint8_t *v) {
             out[32 * j + 2 * r + i] = (uint8_t)((v[2 * j + i] & 0xF) | (v[16 + 2 * j + i] << 4));
 }
 
-/* bytes 2 r + i of chunk j's two masks: the fifth bits of values 2 j + i and 16 + 2 j + i */
-static void put_fifth_bits(uint32_t *masks, int r, const uint8_t *v) {
+/* bytes 2 r + i of the two planes of fifth bits: bit j of the first is the fifth bit of value
+ * 2 j + i (chunk j's low nibble), of the second of value 16 + 2 j + i (its high one) */
+static void put_fifth_planes(uint8_t *planes, int r, const uint8_t *v) {
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 2; i++) {
-            if (v[2 * j + i] & 16) masks[2 * j] |= 1u << (2 * r + i);
-            if (v[16 + 2 * j + i] & 16) masks[2 * j + 1] |= 1u << (2 * r + i);
+            if (v[2 * j + i] & 16) planes[2 * r + i] |= (uint8_t)(1u << j);
+            if (v[16 + 2 * j + i] & 16) planes[32 + 2 * r + i] |= (uint8_t)(1u << j);
         }
 }
 
@@ -43,7 +44,7 @@ static void interleave_k4(int type, const uint8_t *src[ROWS16], uint8_t *o) {
             k4_group_values(blk, type, g, v);
             put_nibble_chunks(o + K4_HEADER + k4_group_bytes(type) * g, r, v);
             if (type != T_Q5_K) continue;
-            put_fifth_bits((uint32_t *)(o + K4_HEADER + k4_group_bytes(type) * g + 256), r, v);
+            put_fifth_planes(o + K4_HEADER + k4_group_bytes(type) * g + 256, r, v);
         }
     }
 }
@@ -103,7 +104,7 @@ static void interleave_32(int type, const uint8_t *src[ROWS16], uint8_t *o) {
             v[16 + l] = (uint8_t)((qs[l] >> 4) | ((qh >> (16 + l)) & 1) << 4);
         }
         put_nibble_chunks(o + header, r, v);
-        if (fifth) put_fifth_bits((uint32_t *)(o + header + 256), r, v);
+        if (fifth) put_fifth_planes(o + header + 256, r, v);
     }
 }
 
@@ -152,7 +153,7 @@ static inline int slots(int type) { return block_values(type) == QK_K ? 128 : 16
 static inline __attribute__((always_inline)) void k4_chunk(int type, const uint8_t *p, int g,
                                                            int j, r16_pairs *lo, r16_pairs *hi) {
     const uint8_t *q = p + K4_HEADER + k4_group_bytes(type) * g;
-    r16_nibbles(q + 32 * j, type == T_Q5_K ? q + 256 + 8 * j : 0, lo, hi);
+    r16_nibbles(q + 32 * j, type == T_Q5_K ? q + 256 : 0, j, lo, hi);
 }
 
 /* Q6_K: chunk j of sub-block g, its low (high 0) or high nibbles as 6-bit values, unpacked
@@ -181,7 +182,7 @@ static inline __attribute__((always_inline)) void b32_chunk(int type, const uint
         *lo = r16_i8(p + 32 + 32 * j);
         return;
     }
-    r16_nibbles(p + header + 32 * j, has_fifth_32(type) ? p + header + 256 + 8 * j : 0, lo, hi);
+    r16_nibbles(p + header + 32 * j, has_fifth_32(type) ? p + header + 256 : 0, j, lo, hi);
     if (!has_min_32(type)) {
         const short offset = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0;
         *lo = r16_sub(*lo, offset);
@@ -426,7 +427,7 @@ int pd_interleave(int type, const uint8_t *w, int64_t w_stride, int64_t M, int64
     const int64_t bytes = group_block_bytes(type);
     if (!pd_interleaved_bytes(type, M, K)) return 1;
     const int64_t nb = K / block_values(type), row_block = block_bytes(type);
-    memset(out, 0, (size_t)pd_interleaved_bytes(type, M, K));   /* Q5_K's masks are or-ed in */
+    memset(out, 0, (size_t)pd_interleaved_bytes(type, M, K));   /* the fifth bits are or-ed in */
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
     for (int64_t G = 0; G < M / ROWS16; G++)
         for (int64_t b = 0; b < nb; b++) {

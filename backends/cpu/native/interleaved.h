@@ -16,10 +16,12 @@
  *   Q4_K  d[16] dmin[16] (fp16), scale[8][16] min[8][16] (the 6-bit values as bytes), then
  *         per sub-block g and chunk j (0-7) 32 bytes: byte 2 r + i = value 32 g + 2 j + i in
  *         the low nibble, value 32 g + 16 + 2 j + i in the high one             2368 (2304)
- *   Q5_K  as Q4_K, each sub-block's 256 bytes followed by two 32-bit masks per chunk: bit
- *         2 r + i of the first is the fifth bit of the low nibble's value, of the second the
- *         high one's (the masks beside their nibbles: at the block's end, a decode step read
- *         memory at half the speed)                                                2880 (2816)
+ *   Q5_K  as Q4_K, each sub-block's 256 bytes followed by two 32-byte planes of fifth bits:
+ *         bit j of byte 2 r + i of the first is the fifth bit of chunk j's low nibble there,
+ *         of the second its high one's (so that with AVX2 a shift and an and put a chunk's
+ *         fifth bits in place: 32-bit masks per chunk took 6 operations; and beside their
+ *         nibbles: at the block's end, a decode step read memory at half the speed)
+ *                                                                                  2880 (2816)
  *   Q6_K  d[16], scale[16][16] (int8), then per sub-block g of 32 values 256 bytes of
  *         nibbles as Q4_K's (the values' low 4 bits) and 4 of 32 bytes of high bits: byte
  *         2 r + i of vector c holds the top 2 bits of chunk c's two values in bits 0-3 and of
@@ -27,8 +29,8 @@
  *   Q4_0  d[16], then per chunk j (0-7): byte 2 r + i = values 2 j + i (low nibble) and
  *         16 + 2 j + i (high)                                                      288 (288)
  *   Q4_1  d[16] m[16], then Q4_0's chunks                                         320 (320)
- *   Q5_0  d[16], Q4_0's chunks, then two 32-bit masks per chunk as Q5_K's         352 (352)
- *   Q5_1  d[16] m[16], then Q5_0's chunks and masks                               384 (384)
+ *   Q5_0  d[16], Q4_0's chunks, then their two planes of fifth bits as Q5_K's     352 (352)
+ *   Q5_1  d[16] m[16], then Q5_0's chunks and planes                              384 (384)
  *   Q8_0  d[16], then per chunk j (0-15): byte 2 r + i = value 2 j + i             544 (544)
  * (in brackets: the 16 rows' bytes in their own layout). Built wherever the int16 kernels are
  * (AVX2 and FMA): the 16 rows' int32 lanes are one register with AVX-512 BW and VNNI, two

@@ -112,30 +112,33 @@ static inline __attribute__((always_inline)) __m512i pairs_to_quads(__m512i two_
     return _mm512_permutexvar_epi16(order, two_chunks);
 }
 
-/* the fifth bits of chunks 2 k and 2 k + 1 (two 32-bit masks per chunk, bit 2 r + i; `high`
- * picks the high nibbles' mask) at the bytes of their quads: byte 4 r + i from the first
- * chunk, 4 r + 2 + i from the second */
-static inline __attribute__((always_inline)) __mmask64 quad_fifth_bits(const uint8_t *masks,
+/* the fifth bits of chunks 2 k and 2 k + 1 (a plane of them, interleaved.h: bit j of byte
+ * 2 r + i; `high` picks the high nibbles' plane) at the bytes of their quads: byte 4 r + i
+ * from the first chunk, 4 r + 2 + i from the second (the plane twice, made quads as the
+ * chunks are, tested for bit 2 k in the first's bytes and 2 k + 1 in the second's) */
+static inline __attribute__((always_inline)) __mmask64 quad_fifth_bits(const uint8_t *planes,
                                                                        int k, int high) {
-    uint32_t first, second;
-    memcpy(&first, masks + 8 * (2 * k) + 4 * high, 4);
-    memcpy(&second, masks + 8 * (2 * k + 1) + 4 * high, 4);
-    return (__mmask64)(_pdep_u64(first, 0x3333333333333333ull)
-                       | _pdep_u64(second, 0xCCCCCCCCCCCCCCCCull));
+    const __m512i twice = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256((const __m256i *)(planes + 32 * high)));
+    const uint32_t first = 1u << (2 * k), second = 1u << (2 * k + 1);
+    const __m512i bits = _mm512_set1_epi32((int)(first | first << 8 | second << 16
+                                                 | second << 24));
+    return _mm512_test_epi8_mask(pairs_to_quads(twice), bits);
 }
 
-/* nibbles at q (8 chunks; fifth bits at `masks`, or none): vectors k and 4 + k of a unit */
+/* nibbles at q (8 chunks; their planes of fifth bits at `planes`, or none): vectors k and
+ * 4 + k of a unit */
 static inline __attribute__((always_inline)) void nibble_quads(const uint8_t *q,
-                                                               const uint8_t *masks, int k,
+                                                               const uint8_t *planes, int k,
                                                                __m512i *lo, __m512i *hi) {
     const __m512i v = pairs_to_quads(_mm512_loadu_si512((const void *)(q + 64 * k)));
     const __m512i low4 = _mm512_set1_epi8(0xF);
     *lo = _mm512_and_si512(v, low4);
     *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    if (!masks) return;
+    if (!planes) return;
     const __m512i sixteen = _mm512_set1_epi8(16);
-    *lo = _mm512_mask_add_epi8(*lo, quad_fifth_bits(masks, k, 0), *lo, sixteen);
-    *hi = _mm512_mask_add_epi8(*hi, quad_fifth_bits(masks, k, 1), *hi, sixteen);
+    *lo = _mm512_mask_add_epi8(*lo, quad_fifth_bits(planes, k, 0), *lo, sixteen);
+    *hi = _mm512_mask_add_epi8(*hi, quad_fifth_bits(planes, k, 1), *hi, sixteen);
 }
 
 /* Q6_K, sub-block g: vector 4 high + k as unsigned 6-bit values (see interleaved.h: the top

@@ -36,18 +36,22 @@ R16 void r16_keep(int16_t *p, r16_pairs v) { _mm512_store_si512((void *)p, v); }
 R16 r16_pairs r16_and(r16_pairs v, short c) { return _mm512_and_si512(v, _mm512_set1_epi16(c)); }
 R16 r16_pairs r16_srl(r16_pairs v, int n) { return _mm512_srli_epi16(v, n); }
 R16 r16_pairs r16_sub(r16_pairs v, short c) { return _mm512_sub_epi16(v, _mm512_set1_epi16(c)); }
-/* A chunk's low and high nibbles (the chunk's values 2 j + i and 16 + 2 j + i of each row),
- * and with `fifth` (two 32-bit masks, bit 2 r + i: the low and the high nibble's fifth bit)
- * 16 more where the bit is set: a masked add per vector */
-R16 void r16_nibbles(const uint8_t *chunk, const uint8_t *fifth, r16_pairs *lo, r16_pairs *hi) {
+/* Chunk j's low and high nibbles (its values 2 j + i and 16 + 2 j + i of each row), and with
+ * `planes` (the sub-block's two planes of fifth bits, interleaved.h: bit j of byte 2 r + i)
+ * 16 more where the bit is set: a test into a mask and a masked add per vector */
+R16 void r16_nibbles(const uint8_t *chunk, const uint8_t *planes, int j, r16_pairs *lo,
+                     r16_pairs *hi) {
     const r16_pairs v = r16_u8(chunk);
     *lo = r16_and(v, 0xF);
     *hi = r16_srl(v, 4);
-    if (!fifth) return;
-    const uint32_t *bits = (const uint32_t *)fifth;      /* two loads straight into masks */
+    if (!planes) return;
+    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
     const __m512i sixteen = _mm512_set1_epi16(16);
-    *lo = _mm512_mask_add_epi16(*lo, (__mmask32)bits[0], *lo, sixteen);
-    *hi = _mm512_mask_add_epi16(*hi, (__mmask32)bits[1], *hi, sixteen);
+    const __mmask32 low = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i *)planes), bit);
+    const __mmask32 high = _mm256_test_epi8_mask(
+        _mm256_loadu_si256((const __m256i *)(planes + 32)), bit);
+    *lo = _mm512_mask_add_epi16(*lo, low, *lo, sixteen);
+    *hi = _mm512_mask_add_epi16(*hi, high, *hi, sixteen);
 }
 /* acc + each row's pair of values times the pair of activations at x (broadcast); the
  * broadcast is folded into the instruction, which GCC 12's intrinsics do not do */
@@ -134,19 +138,30 @@ R16 r16_pairs r16_sub(r16_pairs a, short c) {
     HALVES(_mm256_sub_epi16(a.h[k], _mm256_set1_epi16(c)));
     return v;
 }
-/* Without mask registers the fifth bits are spread over bytes (fifth_bits), or-ed into the
- * nibbles, and the bytes widened: cheaper than spreading them over each half's lanes */
-R16 void r16_nibbles(const uint8_t *chunk, const uint8_t *fifth, r16_pairs *lo, r16_pairs *hi) {
-    if (!fifth) {
+/* chunk j's fifth bits from a plane (bit j of each byte) at bit 4 of each byte: one shift
+ * and one and (the 16-bit shift's bits from the neighbouring byte land elsewhere) */
+R16 __m256i plane_bits(const uint8_t *plane, int j) {
+    const __m256i p = _mm256_loadu_si256((const __m256i *)plane);
+    const __m256i at4 = j < 4 ? _mm256_slli_epi16(p, 4 - j) : j > 4 ? _mm256_srli_epi16(p, j - 4)
+                                                                      : p;
+    return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+}
+/* Without mask registers the fifth bits are or-ed into the nibbles as bytes, and the bytes
+ * widened: cheaper than putting them into each half's lanes. The planes' layout makes that 2
+ * operations a vector where 32-bit masks spread over bytes took 6, a third of a Q5_K decode's
+ * operations. */
+R16 void r16_nibbles(const uint8_t *chunk, const uint8_t *planes, int j, r16_pairs *lo,
+                     r16_pairs *hi) {
+    if (!planes) {
         const r16_pairs v = r16_u8(chunk);
         *lo = r16_and(v, 0xF);
         *hi = r16_srl(v, 4);
         return;
     }
     const __m256i v = _mm256_loadu_si256((const __m256i *)chunk), low = _mm256_set1_epi8(0xF);
-    *lo = r16_widen_i8(_mm256_or_si256(_mm256_and_si256(v, low), fifth_bits(fifth)));
+    *lo = r16_widen_i8(_mm256_or_si256(_mm256_and_si256(v, low), plane_bits(planes, j)));
     *hi = r16_widen_i8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
-                                       fifth_bits(fifth + 4)));
+                                       plane_bits(planes + 32, j)));
 }
 #if defined(__AVXVNNI__)
 R16 __m256i dot_half(__m256i acc, __m256i w, __m256i x) {
