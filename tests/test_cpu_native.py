@@ -447,6 +447,8 @@ PROMPT_CASES = [  # n_seq, n_head, n_head_kv, n_q, n_kv, D, Dv
     (2, 4, 4, 9, 70, 80, 80),        # two sequences, a head size of 80
     (1, 32, 4, 33, 100, 128, 128),   # eight heads per KV head: four queries a tile
     (1, 4, 1, 12, 65, 16, 24),       # one KV head, Dv != D and not a multiple of 16
+    (1, 6, 2, 12, 130, 64, 64),      # three heads per KV head: 36 rows, padded to 48 or 64
+    (1, 32, 1, 2, 100, 64, 64),      # 32 heads per KV head: even one query's tile is 32 rows
 ]
 
 
@@ -473,20 +475,26 @@ def test_prompt_attention_over_f16_cache(cpu, rng, case, max_bias, softcap, sink
 
 
 @pytest.mark.parametrize("max_bias", [0.0, 8.0])
-def test_prompt_attention_of_a_plain_causal_mask(cpu, rng, max_bias):
+@pytest.mark.parametrize("per_head", [False, True])
+def test_prompt_attention_of_a_plain_causal_mask(cpu, rng, max_bias, per_head):
     """A causal mask of 0 and -inf only (-0 in places), as a model's prompt has: the tiles'
     blocks left of the diagonal take no mask at all in the transposed kernel, those on it
     do; 150 queries of four heads per KV head over 400 cells (a last block of 16), ALiBi or
-    none, against float64."""
-    n_q, n_kv = 150, 400
-    q = f32(rng, (1, 16, n_q, 64), -3, 3)
+    none, one mask for all heads or one per head (each head hides cells of its own), against
+    float64."""
+    n_q, n_kv, n_head = 150, 400, 16
+    q = f32(rng, (1, n_head, n_q, 64), -3, 3)
     k = f32(rng, (1, 4, n_kv, 64), -3, 3).astype(np.float16)
     v = f32(rng, (1, 4, n_kv, 64)).astype(np.float16)
     past = n_kv - n_q
     mask = np.where(np.arange(n_kv)[None, :] > past + np.arange(n_q)[:, None], -np.inf, 0.0)
     mask[::3, 100:200] = -0.0
-    mask = mask.astype(np.float16)[None, None]
-    _attention_against_float64(cpu, q, k, v, mask, f32(rng, (16,)), max_bias, 0.0, False)
+    mask = np.repeat(mask[None, None], n_head if per_head else 1, axis=1)
+    if per_head:
+        for h in range(n_head):
+            mask[0, h, :, 7 * h:7 * h + 30] = -np.inf
+    _attention_against_float64(cpu, q, k, v, mask.astype(np.float16), f32(rng, (n_head,)),
+                               max_bias, 0.0, False)
 
 
 @pytest.mark.parametrize("n_q", [16, 48])        # the row kernel's tiles; the transposed one's
@@ -499,6 +507,24 @@ def test_prompt_attention_carries_nan(cpu, rng, n_q):
     out = compute(cpu, lambda ctx, a, b, c: ops.flash_attn_ext(ctx, a, b, c, None, 0.125),
                   q, k, v)
     assert np.all(np.isnan(out[0, :, 1])) and np.all(np.isfinite(np.delete(out[0], 1, axis=1)))
+
+
+@pytest.mark.parametrize("n_q", [8, 48])          # tiles of 16 rows (row kernel) and of 64
+def test_a_nan_in_cells_the_mask_hides_stays_hidden(cpu, rng, n_q):
+    """ggml skips the cells a mask hides (-inf), so a NaN key there reaches no query: a causal
+    prompt's NaN at its last cell leaves every query but the last finite."""
+    n_kv = 80
+    q = f32(rng, (1, 4, n_q, 64))
+    k = f32(rng, (1, 2, n_kv, 64)).astype(np.float16)
+    v = f32(rng, (1, 2, n_kv, 64)).astype(np.float16)
+    k[0, 1, n_kv - 1, 5] = np.nan
+    past = n_kv - n_q
+    mask = np.where(np.arange(n_kv)[None, :] > past + np.arange(n_q)[:, None], -np.inf, 0.0)
+    mask = mask.astype(np.float16)[None, None]
+    out = compute(cpu, lambda ctx, a, b, c, m: ops.flash_attn_ext(ctx, a, b, c, m, 0.125),
+                  q, k, v, mask)
+    assert np.all(np.isnan(out[0, -1, 2:])) and np.all(np.isfinite(out[0, :-1]))
+    assert np.all(np.isfinite(out[0, -1, :2]))            # the heads of the other KV head
 
 
 def test_openmp_spins_briefly_unless_the_user_says_otherwise(monkeypatch):

@@ -338,7 +338,8 @@ static void attend_row_groups(const fa_op *op, int n_threads) {
 /* query rows per tile, about: queries x the heads of a KV head. Each block of K and V is
  * converted once per tile, so a larger tile converts less per product: 32 rows took 17.8 ms
  * where 64 take 14.6 (SmolLM2's heads, the last 512 of 4096 prompt tokens, 2 Zen 5 threads,
- * with 8 rows per multiply-add pass); 128 gained 1-5% more for coarser causal skipping. */
+ * with 8 rows per multiply-add pass). 128 were 1-5% faster still there, but skip a causal
+ * prompt's hidden cells more coarsely and give a short prompt fewer tiles for the threads. */
 #define FA_ROWS 64
 #define FA_SPARSE_RATIO 3    /* ... unless its rows see fewer than a third of their spans */
 
@@ -625,7 +626,9 @@ static inline float masked_score(const fa_op *op, const fa_scratch *t, int64_t r
     float v = x * op->scale;
     if (op->softcap != 0.0f) v = op->softcap * tanhf(v);
     if (cell < t->first[row] || cell > t->last[row]) return -INFINITY;
-    return t->mask[row] ? v + slope * f16(t->mask[row] + 2 * cell) : v;
+    if (!t->mask[row]) return v;
+    const float m = slope * f16(t->mask[row] + 2 * cell);
+    return m == -INFINITY ? m : v + m;           /* hidden whatever its score (NaN too) */
 }
 
 /* the row's scores of cells [c0, c0 + n) as masked_score makes them, 8 at a time where there
@@ -641,9 +644,11 @@ static float mask_scores(const fa_op *op, const fa_scratch *t, int64_t row, floa
     if (op->softcap == 0.0f && t->first[row] - c0 > INT32_MIN && t->last[row] - c0 < INT32_MAX)
         for (; c + 8 <= n; c += 8) {
             __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + c), _mm256_set1_ps(op->scale));
-            if (mrow) {
+            if (mrow) {            /* a hidden cell is -inf whatever its score (NaN too) */
                 __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + 2 * (c0 + c))));
-                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(slope), m));
+                m = _mm256_mul_ps(_mm256_set1_ps(slope), m);
+                v = _mm256_blendv_ps(_mm256_add_ps(v, m), _mm256_set1_ps(-INFINITY),
+                                     _mm256_cmp_ps(m, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
             }
             __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)c), lanes);
             __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi32(first, idx),
@@ -680,10 +685,12 @@ static float mask_scores16(const fa_op *op, const fa_scratch *t, int64_t row, fl
     if (op->softcap == 0.0f && t->first[row] - c0 > INT32_MIN && t->last[row] - c0 < INT32_MAX)
         for (; c + 16 <= n; c += 16) {
             __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + c), _mm512_set1_ps(op->scale));
-            if (mrow) {
+            if (mrow) {            /* a hidden cell is -inf whatever its score (NaN too) */
                 __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(
                     (const __m256i *)(mrow + 2 * (c0 + c))));
-                v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(slope), m));
+                m = _mm512_mul_ps(_mm512_set1_ps(slope), m);
+                v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_EQ_OQ),
+                                         _mm512_add_ps(v, m), ninf);
             }
             __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)c), lanes);
             __mmask16 outside = _mm512_cmpgt_epi32_mask(first, idx)
@@ -776,11 +783,13 @@ static void prefetch_block(const fa_op *op, int64_t s, int64_t hk, int64_t c0, i
  * arithmetic; and Q K^T needs K transposed, an 8 x 8 shuffle per 64 values of every block.
  * Here the scores are transposed, St[cell][row]: a vector holds one cell of SOFTMAX_WIDTH rows,
  * so the maxima, sums and rescale factors are lane-wise over the cells, with no reduction;
- * K multiplies as the cache stores it, and Q is transposed once per tile instead. The scores,
- * weights and outputs are the row kernel's (the same multiply-adds in the same order); only a
- * row's sum adds its weights in another order. It takes tiles of TRANSPOSED_ROWS rows or more
- * (a prompt's), as a vector holds whole columns of rows; a decode step's tile (one query's
- * heads) stays with the row kernel, as do soft-capped scores (tanh is scalar here). On
+ * K multiplies as the cache stores it, and Q is transposed once per tile instead. The scores
+ * and the products are the row kernel's (the same multiply-adds in the same order); a row's
+ * sum adds its weights in another order, and the factor that rescales a row whose maximum
+ * grew comes from the vector exp (exp16 or exp8, about an ulp from expf). It takes tiles of
+ * TRANSPOSED_ROWS rows or more (a prompt's, or a decode step's where 32 or more query heads
+ * share a KV head), as a vector holds whole columns of rows; a decode step's usual tile (one
+ * query's few heads) stays with the row kernel, as do soft-capped scores (tanh is scalar). On
  * SmolLM2's heads (the last 512 of 4096 prompt tokens, 2 Zen 5 threads) the softmax went from
  * 3.4 to 2.2 ms of a layer's 14.6, now 13.9 (AVX2: 27.0 to 25.7). */
 #define TRANSPOSED_ROWS 32
@@ -880,19 +889,18 @@ static int transpose_mask(const fa_op *op, fa_scratch *t, int64_t rows, int64_t 
         const uint8_t *m = r < rows && t->mask[r] ? t->mask[r] + 2 * c0 : 0;
         const float slope = r < rows && op->slopes ? op->slopes[hk * G + r % G] : 1.0f;
         for (int64_t c = 0; c < n; c++)
-            t->maskT[c * RP + r] = !m ? 0.0f : op->slopes ? slope * f16(m + 2 * c) : f16(m + 2 * c);
+            t->maskT[c * RP + r] = !m               ? 0.0f
+                                   : op->slopes ? slope * f16(m + 2 * c) : f16(m + 2 * c);
     }
     return 1;
 }
 
 /* St[c][0:RP] = K[c] . Qt for the block's n cells */
 static void qk_transposed(const fa_scratch *t, int64_t D, int64_t RP, int64_t n) {
-    for (int64_t j0 = 0; j0 < RP; j0 += MAC_COLUMNS) {
 #define QKT(c, R) mac_rows(t->Kt + (c) * D, D, 1, t->Qt + j0, RP, D, t->S + (c) * RP + j0, RP, \
                            0, R)
-        BY_ROW_BLOCKS(n, QKT);
+    for (int64_t j0 = 0; j0 < RP; j0 += MAC_COLUMNS) BY_ROW_BLOCKS(n, QKT);
 #undef QKT
-    }
 }
 
 /* O[r] += sum_c St[c][r] V[c] over the block's n cells, for the tile's rows */
@@ -904,8 +912,9 @@ static void pv_transposed(fa_scratch *t, int64_t rows, int64_t RP, int64_t n, in
 
 /* The block's scores St[c][r] (c < n) to their weights exp(score - M), with each row's running
  * maximum M, sum L and output rescaled, SOFTMAX_WIDTH rows at a time: softmax_block's
- * operations lane for lane, but for the order of a row's sum. `masked`: maskT holds the
- * block's mask (transpose_mask), else no cell of it is masked. */
+ * operations lane for lane, but for the order of a row's sum and the vector exp of its
+ * rescale factor. `masked`: maskT holds the block's mask (transpose_mask), else no cell of it
+ * is masked. */
 static void softmax_transposed(const fa_op *op, fa_scratch *t, int64_t rows, int64_t n,
                                int masked) {
     const int64_t RP = padded_rows(rows);
@@ -915,7 +924,10 @@ static void softmax_transposed(const fa_op *op, fa_scratch *t, int64_t rows, int
         for (int64_t c = 0; c < n; c++) {
             float *x = t->S + c * RP + r0;
             fvec v = fv_mul(fv_load(x), scale);
-            if (masked) v = fv_add(v, fv_load(t->maskT + c * RP + r0));
+            if (masked) {          /* a hidden cell is -inf whatever its score (NaN too) */
+                const fvec m = fv_load(t->maskT + c * RP + r0);
+                v = fv_blend(fv_cmp(m, ninf, _CMP_EQ_OQ), fv_add(v, m), ninf);
+            }
             fv_store(x, v);
 #if defined(__AVX512F__)
             nan = _mm512_mask_blend_ps(fv_cmp(v, v, _CMP_UNORD_Q), nan, v);

@@ -45,13 +45,11 @@ R16 void r16_nibbles(const uint8_t *chunk, const uint8_t *planes, int j, r16_pai
     *lo = r16_and(v, 0xF);
     *hi = r16_srl(v, 4);
     if (!planes) return;
-    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+    const __mmask64 both = _mm512_test_epi8_mask(_mm512_loadu_si512((const void *)planes),
+                                                 _mm512_set1_epi8((char)(1 << j)));
     const __m512i sixteen = _mm512_set1_epi16(16);
-    const __mmask32 low = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i *)planes), bit);
-    const __mmask32 high = _mm256_test_epi8_mask(
-        _mm256_loadu_si256((const __m256i *)(planes + 32)), bit);
-    *lo = _mm512_mask_add_epi16(*lo, low, *lo, sixteen);
-    *hi = _mm512_mask_add_epi16(*hi, high, *hi, sixteen);
+    *lo = _mm512_mask_add_epi16(*lo, (__mmask32)both, *lo, sixteen);
+    *hi = _mm512_mask_add_epi16(*hi, (__mmask32)(both >> 32), *hi, sixteen);
 }
 /* acc + each row's pair of values times the pair of activations at x (broadcast); the
  * broadcast is folded into the instruction, which GCC 12's intrinsics do not do */
