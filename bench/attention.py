@@ -20,10 +20,9 @@ import time
 import numpy as np
 
 import polydev
-from polydev import GGMLType, ops
 from polydev.tools.table import format_table
 
-from cpu_ops import Case  # bench/
+from cpu_ops import causal_attention_case  # bench/
 
 SHAPES = {  # label: head size, query heads, KV heads
     "SmolLM2 D64 9/3": (64, 9, 3),
@@ -36,19 +35,8 @@ SHAPES = {  # label: head size, query heads, KV heads
 def time_shape(backend, d: int, heads: int, kv_heads: int, n_q: int, n_kv: int,
                reps: int) -> tuple[float, float]:
     """(median seconds, GFLOP/s) of one FLASH_ATTN_EXT of the last n_q of n_kv causal cells."""
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((heads, n_q, d), dtype=np.float32)
-    k = rng.standard_normal((kv_heads, n_kv, d), dtype=np.float32).astype(np.float16)
-    v = rng.standard_normal((kv_heads, n_kv, d), dtype=np.float32).astype(np.float16)
-    past = n_kv - n_q
-    mask = np.where(np.arange(n_kv)[None, :] > past + np.arange(n_q)[:, None], -np.inf,
-                    0.0).astype(np.float16)
-    scale = 1 / np.sqrt(d)
-    case = Case(backend, lambda ctx, q, k, v, m: ops.flash_attn_ext(ctx, q, k, v, m, scale),
-                {"q": (GGMLType.F32, (d, n_q, heads), q),
-                 "k": (GGMLType.F16, (d, n_kv, kv_heads), k),
-                 "v": (GGMLType.F16, (d, n_kv, kv_heads), v),
-                 "m": (GGMLType.F16, (n_kv, n_q), mask)})
+    case, _ = causal_attention_case(backend, np.random.default_rng(0), d, heads, kv_heads, n_q,
+                                    n_kv)
     try:
         case()
         times = []
@@ -59,6 +47,7 @@ def time_shape(backend, d: int, heads: int, kv_heads: int, n_q: int, n_kv: int,
     finally:
         case.close()
     seconds = statistics.median(times)
+    past = n_kv - n_q
     seen = n_q * (past + 1) + n_q * (n_q - 1) // 2           # cells the queries see
     return seconds, 4 * d * heads * seen / seconds / 1e9
 

@@ -183,26 +183,35 @@ def attention_numpy(q, k, v, mask, scale, out):
     out[...] = o.reshape(q.shape[0], q.shape[1], -1).transpose(1, 0, 2)
 
 
+def causal_attention_case(backend, rng, d: int, heads: int, kv_heads: int, n_q: int,
+                          n_kv: int) -> tuple[Case, tuple]:
+    """FLASH_ATTN_EXT of the last n_q queries of an n_kv-cell causal prompt (random float32
+    queries, an fp16 cache and mask of 0 and -inf) on ``backend``, and its numpy operands
+    (q, k, v, mask, scale)."""
+    q = rng.standard_normal((heads, n_q, d), dtype=np.float32)
+    k = rng.standard_normal((kv_heads, n_kv, d), dtype=np.float32).astype(np.float16)
+    v = rng.standard_normal((kv_heads, n_kv, d), dtype=np.float32).astype(np.float16)
+    past = n_kv - n_q
+    mask = np.where(np.arange(n_kv)[None, :] > past + np.arange(n_q)[:, None], -np.inf,
+                    0.0).astype(np.float16)
+    scale = 1 / np.sqrt(d)
+    case = Case(backend, lambda ctx, q, k, v, m: ops.flash_attn_ext(ctx, q, k, v, m, scale),
+                {"q": (GGMLType.F32, (d, n_q, heads), q),
+                 "k": (GGMLType.F16, (d, n_kv, kv_heads), k),
+                 "v": (GGMLType.F16, (d, n_kv, kv_heads), v),
+                 "m": (GGMLType.F16, (n_kv, n_q), mask)})
+    return case, (q, k, v, mask, scale)
+
+
 def _bench_flash_attn(backend, rng, quick: bool, record) -> None:
     """FLASH_ATTN_EXT: head size 128, 32 heads over 8 KV heads, F16 K/V and mask."""
     D, H, HKV = 128, 32, 8
     n_kv = 512 if quick else 4096
     for n_q in ((1, 64) if quick else (1, 512)):
-        q = rng.standard_normal((H, n_q, D), dtype=np.float32)
-        k = rng.standard_normal((HKV, n_kv, D), dtype=np.float32).astype(np.float16)
-        v = rng.standard_normal((HKV, n_kv, D), dtype=np.float32).astype(np.float16)
-        past = n_kv - n_q
-        mask = np.where(np.arange(n_kv)[None, :] > past + np.arange(n_q)[:, None], -np.inf,
-                        0.0).astype(np.float16)
-        scale = 1 / np.sqrt(D)
-        case = Case(backend, lambda ctx, q, k, v, m: ops.flash_attn_ext(ctx, q, k, v, m, scale),
-                    {"q": (GGMLType.F32, (D, n_q, H), q),
-                     "k": (GGMLType.F16, (D, n_kv, HKV), k),
-                     "v": (GGMLType.F16, (D, n_kv, HKV), v),
-                     "m": (GGMLType.F16, (n_kv, n_q), mask)})
+        case, operands = causal_attention_case(backend, rng, D, H, HKV, n_q, n_kv)
         out = np.empty((n_q, H, D), np.float32)
         record(f"FLASH_ATTN_EXT f16 D{D} H{H}/{HKV} kv{n_kv} q{n_q}", case,
-               lambda: attention_numpy(q, k, v, mask, scale, out))
+               lambda: attention_numpy(*operands, out))
 
 
 def mul_mat_id_grouped(w, x, ids, out):
