@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from polydev import Backend, Scheduler, tensor_get, tensor_set
+from polydev import Backend, Scheduler, tensor_set
 from polydev.errors import (AllocationError, ContextFullError, InvalidArgumentError,
                             PolydevError)
 from polydev.lifetime import Resource
@@ -276,13 +276,13 @@ class Evaluator(Resource):
         self.sched.alloc_graph(g.graph)
         g.set_inputs(ub, cells)
         width = self.hp.n_embd if self.embeddings else self.hp.n_vocab
-        if self.stages > 1:
-            self.sched.compute_async(g.graph)
-            raw = np.empty(g.logits.nbytes, np.uint8)
-            self.sched.get_tensor_backend(g.logits).get_tensor_async(g.logits, raw)
-        else:
-            self.sched.compute(g.graph)
-            raw = tensor_get(g.logits)
+        # the read is queued behind the compute on the output's stream, then waited for: a
+        # remote device answers both in one call (a read after the wait was a round trip more)
+        self.sched.compute_async(g.graph)
+        raw = np.empty(g.logits.nbytes, np.uint8)
+        self.sched.get_tensor_backend(g.logits).get_tensor_async(g.logits, raw)
+        if self.stages <= 1:
+            self.sched.synchronize()
         if g is not self._last_graph:        # the same graph again keeps its splits
             self.timings.splits = self.sched.splits_per_backend()
             self._last_graph = g

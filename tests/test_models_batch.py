@@ -336,7 +336,7 @@ def test_bad_batches_leave_nothing_cached(tmp_path, monkeypatch):
             calls.append(graph)
             if len(calls) == 2:
                 raise InvalidArgumentError("a kernel failed")
-        monkeypatch.setattr(m.evaluator.sched, "compute", failing_compute)
+        monkeypatch.setattr(m.evaluator.sched, "compute_async", failing_compute)
         with pytest.raises(InvalidArgumentError, match="a kernel failed"):
             m.decode(Batch().add_sequence(tokens_for(6, 4), 0).add_sequence([1, 2], 3))
         assert len(calls) == 2 and cells.used == 8          # the first piece was undone

@@ -331,6 +331,16 @@ def test_a_malformed_graph_or_transfer_is_refused_before_anything_is_made(remote
             ("alloc", (10**9, -1), "a size is a count of bytes"),
             ("set_usage", (buf.remote_id, 99), "not a buffer usage"),
             ("alloc_size", ((0, (-1, 1, 1, 1), (4, 4, 4, 4), 0, ()),), "is not 4 sizes"),
+            ("run", ("import os",), "a batch is a list"),
+            ("run", ([("__init__", ("CPU",), (), 0)],), "is not a call a batch runs"),
+            ("run", ([("run", ([],), (), 0)],), "is not a call a batch runs"),
+            ("run", ([("start_heartbeat", (None, "k", 1.0), (), 0)],), "not a call a batch"),
+            ("run", ([("write", (buf.remote_id, 0), ((2, 0),), 0)],), "do not place"),
+            ("run", ([("write", (buf.remote_id, 0), ((2, 7),), 0)],), "do not place"),
+            ("run", ([("memory", (), (), -1)],), "count of values"),
+            ("run", ([("write", (buf.remote_id, buf.size, np.zeros(4, np.uint8)), (), 0)],),
+             "not within"),
+            ("set_n_threads", (0,), "a thread count"),
         ]
         for method, args, message in bad_transfers:
             with pytest.raises(WireError, match=message):
@@ -341,6 +351,33 @@ def test_a_malformed_graph_or_transfer_is_refused_before_anything_is_made(remote
         with cpu.init_backend() as backend:
             backend.graph_compute(build_graph(b))
         np.testing.assert_array_equal(b.numpy().reshape(-1), np.full(K, 2, np.float32))
+
+
+def test_the_thread_count_reaches_a_remote_cpu_through_its_reg(remote):
+    """ggml's "set_n_threads" proc of the Ray reg sets the remote CPU stream's threads;
+    a count that is not one is refused here, before anything is sent."""
+    from polydev.errors import InvalidArgumentError
+
+    cpu = remote[0]
+    set_n_threads = cpu.reg.get_proc_address("set_n_threads")
+
+    def remote_threads():
+        return cpu.call(cpu.remote("__ray_call__", lambda actor: actor.backend.env.n_threads),
+                        "reading its threads")
+
+    before = remote_threads()
+    with cpu.init_backend() as backend:
+        try:
+            set_n_threads(backend, 1)
+            backend.synchronize()
+            assert remote_threads() == 1
+            for bad in (0, True, 1.5):
+                with pytest.raises(InvalidArgumentError, match="thread count"):
+                    set_n_threads(backend, bad)
+        finally:
+            set_n_threads(backend, before)
+            backend.synchronize()
+    assert remote_threads() == before
 
 
 def test_a_node_with_another_polydev_is_refused_saying_what_differs(remote, monkeypatch):

@@ -23,6 +23,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="remote devices need the ray extra")
 
 import polydev  # noqa: E402
+from polydev import Context, GGMLType, alloc_ctx_tensors, tensor_get, tensor_set  # noqa: E402
 from polydev.errors import RemoteDeviceError  # noqa: E402
 
 from model_files import SMOLLM2, model_path  # noqa: E402
@@ -120,6 +121,86 @@ def test_a_model_split_over_two_nodes_gives_the_local_logits_at_every_position(c
         split.reset()
         "".join(split.generate(tokens, 6, temperature=0))
         assert list(split.generated) == want_ids
+
+
+class _CountedActor:
+    """An actor handle that counts the calls made through it (``.remote``, with options or
+    without) under ``name`` in ``counts``."""
+
+    def __init__(self, actor, counts: dict, name: str) -> None:
+        self._actor, self._counts, self._name = actor, counts, name
+
+    def __getattr__(self, method: str):
+        return _CountedMethod(getattr(self._actor, method), self._counts, self._name)
+
+
+class _CountedMethod:
+    def __init__(self, method, counts: dict, name: str) -> None:
+        self._method, self._counts, self._name = method, counts, name
+
+    def options(self, **options):
+        return _CountedMethod(self._method.options(**options), self._counts, self._name)
+
+    def remote(self, *args, **kwargs):
+        self._counts[self._name] = self._counts.get(self._name, 0) + 1
+        return self._method.remote(*args, **kwargs)
+
+
+def test_a_decode_step_is_one_call_to_each_node(cluster, monkeypatch):
+    """The driver queues a device's calls and sends them as one batch: a decode step split
+    over node-a and node-b is one call to each (inputs, compute, and node-a's activations
+    read there and written on node-b without the driver waiting between), and on node-a
+    alone one call; the logits stay the local ones."""
+    pytest.importorskip("gguf")
+    from polydev.models import load
+
+    _, devices, _ = cluster
+    a, b = devices["node-a"], devices["node-b"]
+    path = model_path(SMOLLM2)
+    with load(path, devices=[], n_ctx=64, progress=False) as local:
+        tokens = local.tokenize("One call a node")
+        local.eval(tokens)
+        local.evaluator.eval([tokens[0]])
+        want = [local.evaluator.eval([t]).copy() for t in tokens]
+    for used in ([a, b], [a]):
+        with load(path, devices=[d.name for d in used], n_gpu_layers=99,
+                  tensor_split=[1] * len(used), n_ctx=64, progress=False) as model:
+            model.eval(tokens)
+            model.evaluator.eval([tokens[0]])          # the decode graph's plans are made
+            counts: dict[str, int] = {}
+            for d in used:
+                monkeypatch.setattr(d.calls, "actor", _CountedActor(d.actor, counts, d.name))
+            got = [model.evaluator.eval([t]).copy() for t in tokens]
+            monkeypatch.undo()
+        assert counts == {d.name: len(tokens) for d in used}
+        np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+
+
+def test_batches_that_take_each_others_results_are_sent_in_an_order_that_works(cluster):
+    """node-a's open batch takes a read of node-b's newer batch, and node-b's next batch a
+    read of node-a's: the newer batch is sent first, so neither waits for the other, and
+    the bytes cross both ways."""
+    from polydev.backends.ray.calls import wait
+
+    _, devices, _ = cluster
+    a, b = devices["node-a"], devices["node-b"]
+    ctx_a, ctx_b = Context(), Context()
+    ta = ctx_a.new_tensor(GGMLType.I8, (32,), "a")
+    tb = ctx_b.new_tensor(GGMLType.I8, (32,), "b")
+    with alloc_ctx_tensors(ctx_a, a.buffer_type) as buf_a, alloc_ctx_tensors(
+            ctx_b, b.buffer_type) as buf_b:
+        tensor_set(ta, np.arange(32, dtype=np.int8))
+        tensor_set(tb, -np.arange(32, dtype=np.int8))
+        read_a = a.calls.queue("read", (buf_a.remote_id, ta.offset, 16), values=1)[0]
+        read_b = b.calls.queue("read", (buf_b.remote_id, tb.offset, 16), values=1)[0]
+        done_a = a.calls.queue("write", (buf_a.remote_id, ta.offset + 16), [read_b])[0]
+        assert read_b.sent and not read_a.sent     # node-b's batch was opened after node-a's
+        done_b = b.calls.queue("write", (buf_b.remote_id, tb.offset + 16), [read_a])[0]
+        wait(a, done_a, "writing node-b's bytes")
+        wait(b, done_b, "writing node-a's bytes")
+        got_a, got_b = tensor_get(ta).view(np.int8), tensor_get(tb).view(np.int8)
+    np.testing.assert_array_equal(got_a, np.r_[np.arange(16), -np.arange(16)])
+    np.testing.assert_array_equal(got_b, np.r_[-np.arange(16), np.arange(16)])
 
 
 def _prompt_and_step(model, tokens, pieces: int = 1):

@@ -45,7 +45,8 @@ def _make_reg() -> Reg:
     return Reg("Ray", devices, procs=_PROCS)
 
 
-_PROCS = {"set_numerics": lambda backend, numerics: backend.set_numerics(numerics)}
+_PROCS = {"set_numerics": lambda backend, numerics: backend.set_numerics(numerics),
+          "set_n_threads": lambda backend, n_threads: backend.set_n_threads(n_threads)}
 register = reg_once(_make_reg)
 
 

@@ -21,11 +21,18 @@ from polydev.errors import WireError
 from .call_queue import MAX_PIECES
 from .wire_checks import is_count
 
-__all__ = ["HEARTBEAT_GROUP", "DeviceActor", "catalogue"]
+__all__ = ["BATCH_CALLS", "HEARTBEAT_GROUP", "DeviceActor", "catalogue"]
 
 # the actor's second thread: the heartbeat starts there, never behind a computation (its
 # default group has one thread, so the device's calls still run one at a time, in order)
 HEARTBEAT_GROUP = "heartbeat"
+
+# what a batch of calls may run: the device's own calls (each checks its arguments), never the
+# batch itself or the heartbeat
+BATCH_CALLS = frozenset({
+    "memory", "alloc_size", "op_names", "supports_op", "alloc", "set_usage", "free", "write",
+    "file_signature", "write_from_file", "read_pieces", "read", "memset", "clear", "copy",
+    "set_numerics", "set_n_threads", "plan_create", "plan_compute", "plan_free", "marker", "info"})
 
 
 def catalogue() -> dict[str, Any]:
@@ -195,15 +202,6 @@ class DeviceActor:
                             f"{file_offset}..{file_offset + size}")
         self.write(buffer_id, offset, np.frombuffer(data, np.uint8))
 
-    def write_many(self, writes: list[tuple[int, int, np.ndarray]]) -> None:
-        """The writes the driver held back, in their order: (buffer id, offset, bytes)."""
-        if not isinstance(writes, list):
-            raise WireError("held-back writes come as a list")
-        for entry in writes:
-            if not (isinstance(entry, tuple) and len(entry) == 3):
-                raise WireError("a held-back write is (buffer id, offset, bytes)")
-            self.write(*entry)
-
     def read_pieces(self, buffer_id: int, offset: int, sizes: list[int],
                     *after: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """Consecutive pieces of ``sizes`` bytes from ``offset``, each its own return value
@@ -242,6 +240,30 @@ class DeviceActor:
 
         tensor_copy(src, dst)
 
+    # --- batches ----------------------------------------------------------------------------------
+
+    def run(self, entries: list, *refs: Any) -> Any:
+        """The calls of a batch (``call_queue.py``), in order: each ``(method, args, slots,
+        values)`` runs ``method`` with ``args`` and, at each slot's position, the resolved
+        argument it names. Returns None, then the values the calls answer with, as
+        separate returns (one where there are none)."""
+        from .wire_checks import check_batch
+
+        check_batch(entries, len(refs), BATCH_CALLS)
+        answers: list[Any] = []
+        for method, args, slots, values in entries:
+            call_args = list(args)
+            for position, index in slots:
+                call_args.insert(position, refs[index])
+            answer = getattr(self, method)(*call_args)
+            if values == 1:
+                answers.append(answer)
+            elif values > 1:
+                if not (isinstance(answer, tuple) and len(answer) == values):
+                    raise WireError(f"{method} answers with one value, not {values}")
+                answers.extend(answer)
+        return (None, *answers) if answers else None
+
     # --- compute ----------------------------------------------------------------------------------
 
     def set_numerics(self, numerics: str) -> None:
@@ -251,6 +273,18 @@ class DeviceActor:
         if not isinstance(numerics, str):
             raise WireError("numerics are named by text")
         set_backend_numerics(self.backend, numerics)
+
+    def set_n_threads(self, n_threads: int) -> None:
+        """Through the device's own reg, as ggml's "set_n_threads" proc (a CPU's)."""
+        from polydev.errors import UnsupportedError
+
+        if not (is_count(n_threads) and n_threads >= 1):
+            raise WireError(f"a thread count is an int >= 1, not {n_threads!r}")
+        reg = self.device.reg
+        proc = reg.get_proc_address("set_n_threads") if reg is not None else None
+        if proc is None:
+            raise UnsupportedError(f"{self.device.name} has no thread count to set")
+        proc(self.backend, n_threads)
 
     def plan_create(self, plan_id: int, graph_fields: tuple) -> None:
         from .wire import graph_from

@@ -1,11 +1,12 @@
 """A remote device's stream: the calls of its actor, submitted without waiting.
 
-Writes, reads, copies and plan computes return at once (a small write is held back and rides
-with the actor's next call: ``call_queue.py``); ``synchronize`` waits for all of them (within
+Writes, reads, copies and plan computes are queued and return at once: they go to the actor
+in batches, one call each (``call_queue.py``); ``synchronize`` waits for all of them (within
 the time-out) and fills the outputs of reads. A graph goes to the actor once, as tuples, when
 its plan is made; computing the plan sends only its id. An event of another remote stream is
-passed as an argument of this stream's next call, so Ray makes the actor wait for it and the
-driver never blocks. A copy from another remote device goes actor to actor.
+an argument of this stream's next call, so Ray makes the actor wait for it and the driver
+never blocks. A copy from another remote device goes actor to actor: the bytes one batch
+reads are an argument of the other's.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import numpy as np
 
 from polydev.buffer import host_bytes
 from polydev.device import Backend, Event, GraphPlan
-from polydev.errors import RemoteDeviceError
+from polydev.errors import InvalidArgumentError, RemoteDeviceError
 from polydev.numerics import check_numerics
 from polydev.ops import VIEW_OPS, Op
 from polydev.tensor import Tensor
 
+from .call_queue import Pending
 from .wire import graph_fields
 
 if TYPE_CHECKING:
@@ -49,10 +51,10 @@ class RayBackend(Backend):
 
     def __init__(self, device: "RayDevice") -> None:
         super().__init__(device)
-        self._pending: list[Any] = []         # refs of submitted calls
-        self._reads: dict[Any, np.ndarray] = {}   # ref of a read -> the bytes it fills
-        self._waits: list[Any] = []           # event refs the next call waits for
-        self._last: Any = None                # the last call's ref (what an event marks)
+        self._pending: list[Pending] = []     # answers of queued calls
+        self._reads: dict[Pending, np.ndarray] = {}   # a read's answer -> the bytes it fills
+        self._waits: list[Any] = []           # events (Pendings) the next call waits for
+        self._last: Pending | None = None     # the last call's completion (an event marks it)
 
     # --- submitting -----------------------------------------------------------------------------
 
@@ -60,10 +62,14 @@ class RayBackend(Backend):
         waits, self._waits = self._waits, []
         return waits
 
-    def _submit(self, ref: Any) -> Any:
-        self._pending.append(ref)
-        self._last = ref
-        return ref
+    def _submit(self, answer: Pending) -> Pending:
+        self._pending.append(answer)
+        self._last = answer.done()
+        return answer
+
+    def _queue(self, method: str, *args: Any) -> Pending:
+        """Queue a call that waits for the events this stream was told to wait for."""
+        return self._submit(self.device.calls.queue(method, args, self._after())[0])
 
     def _remote_id(self, t: Tensor) -> int | None:
         """The actor's id of the buffer ``t`` is in, or None where it is not this device's."""
@@ -84,16 +90,14 @@ class RayBackend(Backend):
         """Host bytes into the device in the stream's order (they may change once this
         returns: Ray serialises them as the call is made, a held-back write copies them).
         Without events to wait for, the write rides with the actor's next call."""
-        waits = self._after()
-        if waits:
-            self._submit(self.device.remote("write", buffer_id, offset, raw, *waits))
-        else:
-            self.device.write(buffer_id, offset, raw)
+        done = self.device.write(buffer_id, offset, raw, self._after())
+        if done is not None:
+            self._last = done
 
     def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
-        for ref, place in self.device.calls.read(self._remote_id(t), t.offset + offset, out,
-                                                 *self._after()):
-            self._reads[self._submit(ref)] = place
+        for answer, place in self.device.calls.read(self._remote_id(t), t.offset + offset,
+                                                    out, self._after()):
+            self._reads[self._submit(answer)] = place
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
         """Into this device from another remote device (actor to actor) or from host memory
@@ -106,33 +110,42 @@ class RayBackend(Backend):
             return False
         if isinstance(source, RayBuffer):
             waits = backend_src._after() if isinstance(backend_src, RayBackend) else []
-            data = source.device.remote("read", source.remote_id, src.offset, src.nbytes,
-                                        *waits)
+            data = source.device.calls.queue("read", (source.remote_id, src.offset,
+                                                      src.nbytes), waits, values=1)[0]
         elif source.is_host:
             backend_src.synchronize()
             self._write_host(buffer_id, dst.offset, host_bytes(src))
             return True
         else:
             return False
-        self._submit(self.device.remote("write", buffer_id, dst.offset, data, *self._after()))
+        self._submit(self.device.calls.queue("write", (buffer_id, dst.offset),
+                                             [data, *self._after()])[0])
         return True
 
     def _synchronize(self) -> None:
         if self._waits:
-            self._submit(self.device.remote("marker", *self._after()))
+            self._queue("marker")
         pending, self._pending = self._pending, []
         reads, self._reads = self._reads, {}
         if not pending and not self.device.calls.unsettled:
             return
         results = self.device.call(pending, "the work queued on its stream")
-        for ref, result in zip(pending, results):
-            out = reads.get(ref)
+        for answer, result in zip(pending, results):
+            out = reads.get(answer)
             if out is not None:
                 out[:] = result
 
     def set_numerics(self, numerics: str) -> None:
         """How the remote device computes (polydev.numerics), for the plans made after."""
-        self._submit(self.device.remote("set_numerics", check_numerics(numerics)))
+        self._queue("set_numerics", check_numerics(numerics))
+
+    def set_n_threads(self, n_threads: int) -> None:
+        """Threads of the remote device's stream, where its reg has ggml's "set_n_threads"
+        (a CPU's; another device's is an ``UnsupportedError`` of the next wait)."""
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise InvalidArgumentError(f"{self.name}: a thread count is an int >= 1, not "
+                                       f"{n_threads!r}")
+        self._queue("set_n_threads", n_threads)
 
     # --- compute --------------------------------------------------------------------------------
 
@@ -141,16 +154,16 @@ class RayBackend(Backend):
         nodes = [n for n in graph.nodes
                  if (n.op not in VIEW_OPS and n.op != Op.NONE) or self._remote_id(n) is not None]
         plan_id = next(_plan_ids)
-        self._submit(self.device.remote("plan_create", plan_id,
-                                        graph_fields(nodes, self._remote_id)))
+        self._queue("plan_create", plan_id, graph_fields(nodes, self._remote_id))
         return RayGraphPlan(self, graph, plan_id)
 
     def _graph_plan_compute(self, plan: RayGraphPlan) -> None:   # type: ignore[override]
-        self._submit(self.device.remote("plan_compute", plan.remote_id, *self._after()))
+        self._submit(self.device.calls.queue("plan_compute", (plan.remote_id,), self._after(),
+                                             compute=True)[0])
 
     def _graph_plan_free(self, plan: RayGraphPlan) -> None:      # type: ignore[override]
         if not self.closed:
-            self._submit(self.device.remote("plan_free", plan.remote_id))
+            self._queue("plan_free", plan.remote_id)
 
     def _graph_compute(self, graph) -> None:
         plan = self._graph_plan_create(graph)
@@ -161,7 +174,7 @@ class RayBackend(Backend):
 
     def _event_record(self, event: Event) -> None:
         if self._last is None or self._waits:
-            self._submit(self.device.remote("marker", *self._after()))
+            self._queue("marker")
         event.ref = self._last
 
     def _event_wait(self, event: Event) -> None:

@@ -16,6 +16,8 @@ from polydev.device import lost_text
 from polydev.env import env_float
 from polydev.errors import PolydevError, RemoteDeviceError
 
+from .call_queue import resolved, send_all
+
 if TYPE_CHECKING:
     from .device import RayDevice
 
@@ -31,11 +33,14 @@ def timeout_s() -> float:
 
 
 def wait(device: "RayDevice | str", refs: Any, what: str) -> Any:
-    """``ray.get(refs)`` within the time-out, with Ray's faults turned into polydev's.
-    ``device``: the device waited on (its name alone before the device exists)."""
+    """``ray.get(refs)`` (``ObjectRef``s or ``call_queue.Pending``s, one or a list) within
+    the time-out, with Ray's faults turned into polydev's, after every device's queued calls
+    were sent. ``device``: the device waited on (its name alone before the device exists)."""
     import ray
     from ray import exceptions as rex
 
+    refs = resolved(refs)
+    send_all()                    # nothing queued waits while this process does
     name = device if isinstance(device, str) else device.name
     limit = timeout_s()
     deadline = time.monotonic() + limit

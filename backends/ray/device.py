@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from polydev.errors import RemoteDeviceError
 from polydev.tensor import Tensor
 
 from .backend import RayBackend
-from .call_queue import CallQueue
+from .call_queue import CallQueue, Pending
 from .calls import wait
 from .file_digest import bytes_digest, file_signature
 from .wire import node_signature, tensor_shape
@@ -83,20 +83,23 @@ class RayDevice(Device):
         """Call the actor's ``method`` without waiting (see ``CallQueue.remote``)."""
         return self.calls.remote(method, *args, num_returns=num_returns)
 
-    def write(self, buffer_id: int, offset: int, data: np.ndarray) -> None:
-        """Write ``data`` to a buffer without waiting for it (``CallQueue.write``); past
-        POSTED_LIMIT bytes in flight, wait for them."""
-        self.calls.write(buffer_id, offset, data)
+    def write(self, buffer_id: int, offset: int, data: np.ndarray,
+              after: Sequence[Any] = ()) -> Pending | None:
+        """Write ``data`` to a buffer after ``after`` without waiting for it
+        (``CallQueue.write``: the write's completion where it was queued); past POSTED_LIMIT
+        bytes in flight, wait for them."""
+        done = self.calls.write(buffer_id, offset, data, after)
         if self.calls.over_limit:
             self.call([], "writing")
+        return done
 
     def post(self, ref: Any) -> None:
         """A call whose answer nothing needs; the device's next wait raises its failure."""
         self.calls.post(ref)
 
     def call(self, ref: Any, what: str) -> Any:
-        """Wait for one of this device's calls (one ref or a list; see ``calls.wait``), and
-        for the calls posted before it, whose failure is raised here."""
+        """Wait for one of this device's calls (one ref or Pending, or a list; see
+        ``calls.wait``), and for the calls posted before it, whose failure is raised here."""
         refs, n_posted = self.calls.with_posted(ref)
         if not refs:
             return []
@@ -145,7 +148,7 @@ class RayEvent(Event):
 
     def __init__(self, device: RayDevice) -> None:
         super().__init__(device)
-        self.ref: Any = None
+        self.ref: Pending | None = None
 
     def _synchronize(self) -> None:
         # the event's call alone: the device's posted writes are no work of its stream, and

@@ -7,7 +7,8 @@ numbers, sources and views that name tensors before them, and for a tensor in on
 actor's buffers, bytes that lie inside that buffer (a view's inside its source's, in the same
 buffer). A field that is not raises ``WireError`` naming the tensor and the field; nothing of
 the graph is kept. The shapes a device is asked about (``supports_op``, ``alloc_size``) are
-checked the same way.
+checked the same way, and so is a batch of calls (``call_queue.py``): each entry names a call
+the actor runs for the driver, with the arguments that call checks itself.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from polydev.ops import Op
 from polydev.tensor import Tensor, TensorFlag
 from polydev.types import TYPE_TRAITS, GGMLType
 
-__all__ = ["check_graph_fields", "check_node_signature", "check_shape_fields", "is_count"]
+__all__ = ["check_batch", "check_graph_fields", "check_node_signature", "check_shape_fields",
+           "is_count"]
 
 MAX_DIM = 1 << 40           # elements along one dimension (ggml's are int64; no device holds more)
 MAX_PARAMS = 16             # ggml's GGML_MAX_OP_PARAMS is 64 bytes: 16 int32
 MAX_SOURCES = 10            # ggml's GGML_MAX_SRC
 MAX_NAME = 256              # ggml truncates at 64; polydev keeps longer names whole
+MAX_BATCH = 4096            # calls in one batch (a decode step's are about ten)
 _FIELDS = 12
 _TYPES = {int(t) for t in GGMLType}
 _OPS = {int(op) for op in Op}
@@ -66,6 +69,33 @@ def check_node_signature(signature: Any) -> None:
     for i, source in enumerate(signature[1]):
         if source is not None:
             check_shape_fields(source, f"source {i}")
+
+
+def check_batch(entries: Any, n_refs: int, runnable: frozenset[str]) -> None:
+    """Raise ``WireError`` unless ``entries`` is a list of ``(method, args, slots, values)``
+    as ``CallQueue.queue`` makes: a method in ``runnable``, a tuple of arguments, the
+    ``(position, ref index)`` of each of the ``n_refs`` arguments resolved before the batch
+    ran, and how many values the call answers with."""
+    if not (isinstance(entries, list) and 0 < len(entries) <= MAX_BATCH):
+        raise WireError(f"a batch is a list of 1 to {MAX_BATCH} calls")
+    for i, entry in enumerate(entries):
+        if not (isinstance(entry, tuple) and len(entry) == 4):
+            raise WireError(f"call {i} of a batch: a call is (method, args, slots, values)")
+        method, args, slots, values = entry
+        if not (isinstance(method, str) and method in runnable):
+            raise WireError(f"call {i} of a batch: {method!r} is not a call a batch runs")
+        if not (isinstance(args, tuple) and isinstance(slots, tuple)
+                and all(isinstance(s, tuple) and len(s) == 2 for s in slots)):
+            raise WireError(f"call {i} of a batch: its arguments and slots are tuples")
+        positions = [p for p, _ in slots]
+        if not (all(is_count(p) and p <= len(args) + k for k, p in enumerate(positions))
+                and positions == sorted(positions)
+                and all(_is_int(r) and 0 <= r < n_refs for _, r in slots)):
+            raise WireError(f"call {i} of a batch: its slots {slots!r} do not place the "
+                            f"batch's {n_refs} resolved arguments")
+        if not (is_count(values) and values <= MAX_BATCH):
+            raise WireError(f"call {i} of a batch: it answers with a count of values, not "
+                            f"{values!r}")
 
 
 def is_count(value: Any) -> bool:
