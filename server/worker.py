@@ -7,7 +7,9 @@ running requests first. A device of the model found lost after a step (a remote 
 node is gone: the step that met it failed its requests) ends the running and waiting
 requests with ``RemoteDeviceError``; the thread then loads the model again, placed over the
 devices that remain, and serves on (``/health``: 503 while it loads, then the devices
-lost).
+lost). While a device is lost, the thread asks every two seconds whether it is back (the
+reg's "reconnect_lost" proc: a remote device whose node returned under its name), and once
+one is and no request runs or waits, it places the model over the devices it was given again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from polydev.device import lost_text
 from polydev.errors import MissingDependencyError, PolydevError, RemoteDeviceError
+from polydev.registry import registry
 from polydev.models import Model
 from polydev.models.embedding_engine import EmbeddingEngine
 from polydev.models.engine import BatchEngine, Event, Handle
@@ -30,6 +33,7 @@ __all__ = ["ModelWorker"]
 
 log = logging.getLogger(__name__)
 _IDLE_WAIT = 0.05           # seconds a worker with nothing to do waits for a request
+_RETURN_CHECK_S = 2.0       # how often a worker serving without a lost device asks for it
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -78,13 +82,15 @@ class ModelWorker:
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._placing_again = threading.Event()
+        self._placing_why = ""
+        self._next_return_check = 0.0
         self._swap = threading.Lock()       # submit never meets a model being replaced
         self._thread = threading.Thread(target=self._main, name="polydev-model", daemon=True)
 
     @property
     def state(self) -> str:
         """"loading", "ready", "failed", or "placing" (loading again over the devices that
-        remain after one was lost)."""
+        remain after one was lost, or with one that returned)."""
         if self.error is not None:
             return "failed"
         if self._placing_again.is_set():
@@ -178,8 +184,8 @@ class ModelWorker:
             self._thread.join()
 
     def placing_message(self) -> str:
-        """What a request meets while the model is placed again: the devices lost."""
-        return f"{_lost_text(self.lost)}; the model is being placed over the devices that remain"
+        """What a request meets while the model is placed again: why."""
+        return self._placing_why
 
     def _check_serving(self) -> None:
         state = self.state
@@ -204,6 +210,8 @@ class ModelWorker:
                     self.engine.wait_for_work(_IDLE_WAIT)
                 lost = _lost_devices(self.model)
                 if lost and not self._place_again(lost):
+                    return
+                if self.lost and not self._place_with_returned():
                     return
         except BaseException as e:
             log.exception("the model's thread stopped")
@@ -255,12 +263,39 @@ class ModelWorker:
         log.error("%s: placing the model again over the devices that remain",
                   _lost_text(lost))
         with self._swap:
+            self._placing_why = (f"{_lost_text(self.lost)}; the model is being placed over "
+                                 f"the devices that remain")
             self._placing_again.set()
             self.engine.abort(error)
+        return self._load_again()
+
+    def _place_with_returned(self) -> bool:
+        """Every ``_RETURN_CHECK_S``: where a lost device is back and no request runs or
+        waits, load the model again with it; False if that fails."""
+        now = time.monotonic()
+        if now < self._next_return_check:
+            return True
+        self._next_return_check = now + _RETURN_CHECK_S
+        returned = _returned(self.lost)
+        if not returned:
+            return True
+        with self._swap:
+            if self.engine.processing or self.engine.queued:
+                return True                   # once they have ended
+            self._placing_why = (f"{', '.join(returned)} returned; the model is being placed "
+                                 f"again with it")
+            self._placing_again.set()
+        for name in returned:
+            del self.lost[name]
+        log.info("%s returned: placing the model again with it", ", ".join(returned))
+        return self._load_again()
+
+    def _load_again(self) -> bool:
+        """Close the model and load it again (placed over the devices in service)."""
         try:
             self._close_models()
-        except PolydevError as e:             # what the lost device held is gone with it
-            log.warning("closing the model after %s: %s", _lost_text(lost), e)
+        except PolydevError as e:             # what a lost device held is gone with it
+            log.warning("closing the model: %s", e)
         self.model = self.engine = self.drafter = None
         try:
             return self._start_models()
@@ -278,6 +313,20 @@ def _lost_devices(model: Model) -> dict[str, str]:
     """The model's devices that are lost (a remote device whose node is gone), with why."""
     return {b.device.name: b.device.lost for b in model.evaluator.backends
             if b.device.lost is not None}
+
+
+def _returned(lost: dict[str, str]) -> list[str]:
+    """The devices of ``lost`` that are back in service, after asking every backend library
+    that can bring lost devices back (its "reconnect_lost" proc) to."""
+    for reg in registry().regs:
+        reconnect = reg.get_proc_address("reconnect_lost")
+        if reconnect is not None:
+            try:
+                reconnect()
+            except Exception as e:            # asked again at the next check
+                log.warning("%s: bringing lost devices back failed: %s", reg.name, e)
+    serving = {d.name for d in registry().devices if d.lost is None}
+    return [name for name in lost if name in serving]
 
 
 def _lost_text(lost: dict[str, str]) -> str:

@@ -430,3 +430,38 @@ def test_token_texts_read_and_find_every_text_as_a_list_would(texts):
             assert table.id_of(text) == i
     for absent in ("\x00never", "zzzzzzz"):
         assert (table.id_of(absent) is None) == (absent not in texts)
+
+
+def _string_array(entries: list[bytes]):
+    """A StringArray over ``entries`` laid out as a GGUF file lays out an array of strings."""
+    import struct
+    from array import array
+
+    from polydev.models.gguf.reader import StringArray
+
+    data, starts, lengths = bytearray(b"head"), array("q"), array("q")
+    for entry in entries:
+        data += struct.pack("<Q", len(entry))
+        starts.append(len(data))
+        lengths.append(len(entry))
+        data += entry
+    return StringArray(memoryview(bytes(data + b"tail")), starts, lengths)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(entries=st.lists(st.one_of(st.text(max_size=5).map(lambda t: t.encode("utf-8",
+                                                                               "surrogatepass")),
+                                  st.binary(max_size=4)), max_size=30))
+@example(entries=["é".encode()[:1], "é".encode()[1:]])        # one character over two texts
+@example(entries=[b"a", b"", "\U0001f600".encode()])
+def test_token_texts_of_a_gguf_string_array_are_its_texts_decoded_one_by_one(entries):
+    """The fast path (the array's bytes as they are) gives what decoding text by text does,
+    whatever the bytes: invalid UTF-8, a character cut over two texts, empty texts."""
+    from polydev.models.tokenizer.token_texts import TokenTexts
+
+    strings = _string_array(entries)
+    for empty in (None, lambda i: f"[EMPTY_{i}]"):
+        fast = TokenTexts.from_strings(strings, empty)
+        slow = TokenTexts(t or empty(i) if empty else t for i, t in enumerate(strings))
+        assert list(fast) == list(slow) and fast.n_distinct == slow.n_distinct
+        assert [fast.id_of(t) for t in slow] == [slow.id_of(t) for t in slow]

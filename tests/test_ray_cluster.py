@@ -4,8 +4,8 @@ each its own raylet with its own CPUs and node id, as Ray's own tests build clus
 
 The cluster starts once for the module. The last tests take a worker node away each (its
 raylet killed): node-c while a model split over node-a and node-c generates, node-b while a
-server with the model split over node-a and node-b streams to 8 clients; then node-b
-returns.
+server with the model split over node-a and node-b streams to 8 clients; then node-b returns
+(and the server places the model with it again), and node-c.
 """
 
 from __future__ import annotations
@@ -344,13 +344,14 @@ def test_a_lost_node_ends_the_generation_with_a_typed_error_within_seconds(clust
     assert polydev.device("CPU").memory()[1] > 0
 
 
-def test_a_server_over_two_nodes_ends_its_streams_and_serves_again_without_a_lost_node(
+def test_a_server_over_two_nodes_ends_its_streams_serves_without_a_lost_node_and_with_it_back(
         cluster):
     """8 clients stream from a server whose model is split over node-a and node-b; node-b's
     raylet is killed. Every stream ends within 10 s with an error event (503,
     device_lost, naming the device), the server places the model over what remains
     (node-a, then the CPU), /health says which device is gone, and a new request is
-    answered."""
+    answered. node-b starts again under its name: the server finds its device back, places
+    the model over node-a and node-b again, and answers."""
     pytest.importorskip("gguf")
     pytest.importorskip("starlette")
     pytest.importorskip("uvicorn")
@@ -399,17 +400,37 @@ def test_a_server_over_two_nodes_ends_its_streams_and_serves_again_without_a_los
                                   {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
         assert status == 200 and body["usage"]["completion_tokens"] == 4
 
+        nodes["node-b"] = built.add_node(num_cpus=1, object_store_memory=80 << 20,
+                                         node_name="node-b")
+        deadline = time.monotonic() + 60
+        while not (worker.state == "ready" and {d.name for d in _layer_devices(worker)}
+                   == {a.name, b.name}):
+            assert time.monotonic() < deadline and worker.error is None, worker.error
+            time.sleep(0.1)
+        back = polydev.device(b.name)
+        assert back is not b and back.lost is None
+        status, _, health = request(url, "GET", "/health")
+        assert status == 200 and "lost_devices" not in health
+        status, _, body = request(url, "POST", "/v1/completions",
+                                  {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] == 4
+
+
+def _layer_devices(worker):
+    model = worker.model
+    return model.placement.layer_devices if model is not None else []
+
 
 def test_a_node_that_returns_under_its_name_gets_its_device_back(cluster):
-    """node-b (lost in the test before) starts again under its name: connecting again
+    """node-c (lost in a test before) starts again under its name: connecting again
     starts its device under the same name in place of the lost one (and the other lost
     devices of alive nodes), and no second actor for a device that serves."""
     from polydev.backends import ray as polydev_ray
 
     built, devices, _ = cluster
-    lost = devices["node-b"]
+    lost = devices["node-c"]
     assert lost.lost is not None
-    built.add_node(num_cpus=1, object_store_memory=80 << 20, node_name="node-b")
+    built.add_node(num_cpus=1, object_store_memory=80 << 20, node_name="node-c")
     built.wait_for_nodes()
     before = {d.name: d for d in polydev.devices()}
     back = {d.name: d for d in polydev_ray.connect(None, devices=["CPU"])}

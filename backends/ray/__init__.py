@@ -25,7 +25,7 @@ from polydev.registry import reg_once, registry
 
 from .heartbeat import heartbeat
 
-__all__ = ["connect", "disconnect", "node_labels", "register"]
+__all__ = ["connect", "disconnect", "node_labels", "reconnect_lost", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ def _make_reg() -> Reg:
 
 
 _PROCS = {"set_numerics": lambda backend, numerics: backend.set_numerics(numerics),
-          "set_n_threads": lambda backend, n_threads: backend.set_n_threads(n_threads)}
+          "set_n_threads": lambda backend, n_threads: backend.set_n_threads(n_threads),
+          "reconnect_lost": lambda: reconnect_lost()}
 register = reg_once(_make_reg)
 
 
@@ -78,6 +79,25 @@ def connect(address: str | None = "local", devices: Sequence[str] | None = None,
     heartbeat().watch(added)
     reg.unavailable_reason = None if reg.devices else "no devices were found on the cluster"
     return added
+
+
+def reconnect_lost() -> list[Device]:
+    """Start again each lost device whose node is back under its name (the reg's
+    "reconnect_lost" proc, which a server calls while it serves without them): the devices
+    that took a lost one's place. Nothing is asked of Ray while no device is lost."""
+    reg = registry().register(register())
+    lost = {d.name: d for d in reg.devices if d.lost is not None}
+    if not lost:
+        return []
+    import ray
+
+    if not ray.is_initialized():
+        return []
+    alive = {label for _, label in node_labels(ray.nodes())}
+    names = sorted({d.remote_name for d in lost.values() if d.node in alive})
+    if not names:
+        return []
+    return [d for d in connect(None, devices=names) if d.name in lost]
 
 
 def disconnect() -> None:

@@ -11,6 +11,7 @@ offset and size a call carries is checked before it is used (``WireError``).
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any
 
@@ -191,16 +192,21 @@ class DeviceActor:
         self._bytes(buffer_id, offset, size)          # the buffer holds them: then read
         if not (isinstance(path, str) and is_count(file_offset)):
             raise WireError("a file is read by its path, from a byte offset")
-        try:
-            with open(path, "rb") as f:
-                f.seek(file_offset)
-                data = f.read(size)
-        except OSError as e:
+        try:                  # mapped: the bytes go from the page cache to the buffer once
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                data = np.frombuffer(m, np.uint8, count=max(0, min(size, len(m) - file_offset)),
+                                     offset=min(file_offset, len(m)))
+                try:
+                    if len(data) != size or bytes_digest(data) != digest:
+                        raise WireError(f"{path} on this node differs from the driver's at "
+                                        f"bytes {file_offset}..{file_offset + size}")
+                    self.write(buffer_id, offset, data)
+                finally:
+                    del data                  # the map closes only once no array holds it
+        except WireError:
+            raise
+        except (OSError, ValueError) as e:        # gone, unreadable, empty (mmap refuses)
             raise WireError(f"{path!r} cannot be read on this node: {e}") from None
-        if len(data) != size or bytes_digest(data) != digest:
-            raise WireError(f"{path} on this node differs from the driver's at bytes "
-                            f"{file_offset}..{file_offset + size}")
-        self.write(buffer_id, offset, np.frombuffer(data, np.uint8))
 
     def read_pieces(self, buffer_id: int, offset: int, sizes: list[int],
                     *after: Any) -> np.ndarray | tuple[np.ndarray, ...]:

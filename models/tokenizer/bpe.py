@@ -63,7 +63,7 @@ class ByteLevelBPE:
 
     def __init__(self, tokens: TokenTexts, merges: Iterable[str], pre: PreTokenizer) -> None:
         self.tokens = tokens
-        self.merges = TokenTexts(merges)        # a merge's rank is its index
+        self.merges = TokenTexts.from_strings(merges)    # a merge's rank is its index
         self.ignore_merges = pre.ignore_merges
         self._splitters = [regex.compile(r) for r in pre.regexes]
         self._words: dict[str, list[int]] = {}

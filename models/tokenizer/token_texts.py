@@ -8,9 +8,11 @@ of the texts' hashes (about 10 MiB). A text is decoded when it is read.
 from __future__ import annotations
 
 from array import array
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+
+from ..gguf.reader import StringArray
 
 __all__ = ["TokenTexts"]
 
@@ -28,7 +30,49 @@ class TokenTexts(Sequence[str]):
             blob += text.encode("utf-8", "surrogatepass")
             ends.append(len(blob))
             hashes.append(hash(text))
-        self._blob = bytes(blob)
+        self._index(bytes(blob), ends, hashes)
+
+    @classmethod
+    def from_strings(cls, strings: StringArray | Iterable[str],
+                     empty: Callable[[int], str] | None = None) -> "TokenTexts":
+        """The texts of a GGUF array of strings (``empty(i)`` in place of an empty text i,
+        where given): from the array's bytes as they are where every text is whole UTF-8,
+        about 5x faster than text by text (a 128k vocabulary's load was a tenth of a
+        second); else, and for any other iterable, text by text."""
+        if isinstance(strings, StringArray):
+            blob, ends = strings.joined()
+            fast = cls._from_utf8(blob, ends, empty is not None)
+            if fast is not None:
+                return fast
+        if empty is None:
+            return cls(strings)
+        return cls(t or empty(i) for i, t in enumerate(strings))
+
+    @classmethod
+    def _from_utf8(cls, blob: bytes, ends: np.ndarray, no_empty: bool) -> "TokenTexts | None":
+        """None where a text is not whole UTF-8 by itself (a file's strings are not checked:
+        those decode with replacements), or is empty where empties are replaced."""
+        lengths = np.diff(ends)
+        if no_empty and (lengths == 0).any():
+            return None
+        try:
+            text = blob.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        data = np.frombuffer(blob, np.uint8)
+        starts_char = (data & 0xC0) != 0x80          # a character's first byte
+        if not starts_char[ends[:-1][lengths > 0]].all():
+            return None                              # a text starts inside a character
+        chars = np.zeros(len(data) + 1, np.int64)
+        np.cumsum(starts_char, out=chars[1:])
+        bounds = chars[ends].tolist()
+        hashes = array("q", [hash(text[a:b]) for a, b in zip(bounds, bounds[1:])])
+        texts = cls.__new__(cls)
+        texts._index(blob, array("Q", ends.astype(np.uint64).tobytes()), hashes)
+        return texts
+
+    def _index(self, blob: bytes, ends: array, hashes: array) -> None:
+        self._blob = blob
         self._ends = ends
         self._hashes = hashes
         h = np.frombuffer(hashes, np.int64) if hashes else np.zeros(0, np.int64)

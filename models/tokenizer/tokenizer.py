@@ -104,7 +104,7 @@ class Vocab:
                                  f"(polydev reads {', '.join(_MODELS)})")
         texts = _strings(f, "tokenizer.ggml.tokens")
         # "[EMPTY_i]": llama.cpp's name for an empty token
-        tokens = TokenTexts(t or f"[EMPTY_{i}]" for i, t in enumerate(texts))
+        tokens = TokenTexts.from_strings(texts, empty=lambda i: f"[EMPTY_{i}]")
         n = len(tokens)
         types = _int_array(f, "tokenizer.ggml.token_type", n, TokenType.NORMAL)
         scores = _float_array(f, "tokenizer.ggml.scores", n)
