@@ -54,7 +54,8 @@ class RayBackend(Backend):
         self._pending: list[Pending] = []     # answers of queued calls
         self._reads: dict[Pending, np.ndarray] = {}   # a read's answer -> the bytes it fills
         self._waits: list[Any] = []           # events (Pendings) the next call waits for
-        self._last: Pending | None = None     # the last call's completion (an event marks it)
+        self._last: Any = None                # the last call's completion (an event marks it):
+        #                                       a Pending, or the ObjectRef of a call of its own
 
     # --- submitting -----------------------------------------------------------------------------
 
@@ -90,9 +91,7 @@ class RayBackend(Backend):
         """Host bytes into the device in the stream's order (they may change once this
         returns: Ray serialises them as the call is made, a held-back write copies them).
         Without events to wait for, the write rides with the actor's next call."""
-        done = self.device.write(buffer_id, offset, raw, self._after())
-        if done is not None:
-            self._last = done
+        self._last = self.device.write(buffer_id, offset, raw, self._after())
 
     def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
         for answer, place in self.device.calls.read(self._remote_id(t), t.offset + offset,

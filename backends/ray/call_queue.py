@@ -183,10 +183,10 @@ class CallQueue:
             return call.remote(*args)
 
     def write(self, buffer_id: int, offset: int, data: np.ndarray,
-              after: Sequence[Any] = ()) -> Pending | None:
+              after: Sequence[Any] = ()) -> Any:
         """Write ``data`` to a buffer after ``after``, without waiting: queued where small,
         else its own call, posted. ``data`` may change once this returns. The write's
-        completion where it joined a batch."""
+        completion: a Pending, or the ``ObjectRef`` of its own call."""
         with _lock:
             if data.nbytes <= HELD_WRITE_BYTES:
                 copy = np.array(data, copy=True)
@@ -194,9 +194,10 @@ class CallQueue:
                                   held_bytes=data.nbytes)[0]
             waits = resolved(self._foreign_refs(after))
             self.send()
-            self._posted.append(self.actor.write.remote(buffer_id, offset, data, *waits))
+            ref = self.actor.write.remote(buffer_id, offset, data, *waits)
+            self._posted.append(ref)
             self._posted_bytes += data.nbytes
-            return None
+            return ref
 
     def read(self, buffer_id: int, offset: int, out: np.ndarray,
              after: Sequence[Any] = ()) -> list[tuple[Pending, np.ndarray]]:

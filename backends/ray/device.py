@@ -23,7 +23,7 @@ from polydev.errors import RemoteDeviceError
 from polydev.tensor import Tensor
 
 from .backend import RayBackend
-from .call_queue import CallQueue, Pending
+from .call_queue import CallQueue
 from .calls import wait
 from .file_digest import bytes_digest, file_signature
 from .wire import node_signature, tensor_shape
@@ -84,10 +84,10 @@ class RayDevice(Device):
         return self.calls.remote(method, *args, num_returns=num_returns)
 
     def write(self, buffer_id: int, offset: int, data: np.ndarray,
-              after: Sequence[Any] = ()) -> Pending | None:
+              after: Sequence[Any] = ()) -> Any:
         """Write ``data`` to a buffer after ``after`` without waiting for it
-        (``CallQueue.write``: the write's completion where it was queued); past POSTED_LIMIT
-        bytes in flight, wait for them."""
+        (``CallQueue.write``: the write's completion, a Pending or an ``ObjectRef``); past
+        POSTED_LIMIT bytes in flight, wait for them."""
         done = self.calls.write(buffer_id, offset, data, after)
         if self.calls.over_limit:
             self.call([], "writing")
@@ -144,11 +144,12 @@ class RayDevice(Device):
 
 
 class RayEvent(Event):
-    """An ``ObjectRef`` of the recording stream's last call: done when that call is."""
+    """The completion of the recording stream's last call (a queued call's ``Pending``, or
+    an ``ObjectRef``): done when that call is."""
 
     def __init__(self, device: RayDevice) -> None:
         super().__init__(device)
-        self.ref: Pending | None = None
+        self.ref: Any = None                  # a Pending, or an ObjectRef
 
     def _synchronize(self) -> None:
         # the event's call alone: the device's posted writes are no work of its stream, and
