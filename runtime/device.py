@@ -232,6 +232,23 @@ class Device:
         return f"{type(self).__name__}({self.name!r}, {self.description!r}, {self.type.name})"
 
 
+_before_host_waits: list[Callable[[], None]] = []
+
+
+def before_host_waits(hook: Callable[[], None]) -> None:
+    """Have ``hook`` called each time this process is about to block on a stream or an event
+    (``Backend.synchronize``, ``Event.synchronize``): a backend that holds its calls back to
+    send them together (the Ray backend's batches) sends them then, so that its streams never
+    wait for the host while the host waits for another stream (a pipeline's stages overlap)."""
+    if hook not in _before_host_waits:
+        _before_host_waits.append(hook)
+
+
+def _host_waits() -> None:
+    for hook in _before_host_waits:
+        hook()
+
+
 class Event(Resource):
     """A point in a backend's stream that other streams or the host can wait for."""
 
@@ -249,6 +266,7 @@ class Event(Resource):
     def synchronize(self) -> None:
         """Block the host until the event has completed."""
         self._check_open()
+        _host_waits()
         self._synchronize()
 
     def _describe(self) -> str:
@@ -369,6 +387,7 @@ class Backend(Resource):
         """Wait until everything queued on this stream has finished; raise what its kernels
         reported meanwhile (an index out of range), naming the op and the tensor."""
         self._check_open()
+        _host_waits()
         self._synchronize()
         self.in_flight.release()
         errors = self.kernel_errors

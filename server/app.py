@@ -144,7 +144,7 @@ def _require_ready(worker: ModelWorker) -> None:
                            code="model_loading")
     if worker.state == "placing":
         raise RequestError(worker.placing_message(), status=503, type="unavailable_error",
-                           code="device_lost")
+                           code=worker.placing_code)
     if worker.state == "failed":
         raise RequestError(f"the model failed: {worker.error}", status=500,
                            type="server_error")

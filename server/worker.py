@@ -23,11 +23,11 @@ from typing import Any, Callable, Sequence
 
 from polydev.device import lost_text
 from polydev.errors import MissingDependencyError, PolydevError, RemoteDeviceError
-from polydev.registry import registry
 from polydev.models import Model
 from polydev.models.embedding_engine import EmbeddingEngine
 from polydev.models.engine import BatchEngine, Event, Handle
 from polydev.models.speculative import Drafter
+from polydev.registry import registry
 
 __all__ = ["ModelWorker"]
 
@@ -83,6 +83,7 @@ class ModelWorker:
         self._ready = threading.Event()
         self._placing_again = threading.Event()
         self._placing_why = ""
+        self._placing_code = "device_lost"
         self._next_return_check = 0.0
         self._swap = threading.Lock()       # submit never meets a model being replaced
         self._thread = threading.Thread(target=self._main, name="polydev-model", daemon=True)
@@ -187,6 +188,12 @@ class ModelWorker:
         """What a request meets while the model is placed again: why."""
         return self._placing_why
 
+    @property
+    def placing_code(self) -> str:
+        """The error code of a request refused while the model is placed again:
+        "device_lost", or "model_loading" where a device returned."""
+        return self._placing_code
+
     def _check_serving(self) -> None:
         state = self.state
         if state == "placing":
@@ -265,15 +272,17 @@ class ModelWorker:
         with self._swap:
             self._placing_why = (f"{_lost_text(self.lost)}; the model is being placed over "
                                  f"the devices that remain")
+            self._placing_code = "device_lost"
             self._placing_again.set()
             self.engine.abort(error)
         return self._load_again()
 
     def _place_with_returned(self) -> bool:
-        """Every ``_RETURN_CHECK_S``: where a lost device is back and no request runs or
-        waits, load the model again with it; False if that fails."""
+        """Every ``_RETURN_CHECK_S`` while no request runs or waits: where a lost device is
+        back, load the model again with it; where that fails, serve on without it. False if
+        the model cannot be loaded at all."""
         now = time.monotonic()
-        if now < self._next_return_check:
+        if now < self._next_return_check or self.engine.processing or self.engine.queued:
             return True
         self._next_return_check = now + _RETURN_CHECK_S
         returned = _returned(self.lost)
@@ -284,10 +293,17 @@ class ModelWorker:
                 return True                   # once they have ended
             self._placing_why = (f"{', '.join(returned)} returned; the model is being placed "
                                  f"again with it")
+            self._placing_code = "model_loading"
             self._placing_again.set()
-        for name in returned:
-            del self.lost[name]
+        lost = {name: self.lost.pop(name) for name in returned}
         log.info("%s returned: placing the model again with it", ", ".join(returned))
+        if self._load_again():
+            return True
+        log.error("placing the model with %s failed (%s): placing it without",
+                  ", ".join(returned), self.error)
+        self.error = None
+        self.lost.update(lost)
+        self._placing_again.set()
         return self._load_again()
 
     def _load_again(self) -> bool:

@@ -117,6 +117,72 @@ def test_async_copies_and_events_order_two_remote_streams(remote, rng):
         event.close()
 
 
+def test_an_async_copy_between_two_streams_of_one_remote_device(remote, rng):
+    """Two streams of one remote device: the copy is the actor's own, after the event of the
+    stream that computed its source; the same again with a large copy."""
+    device = remote[0]
+    for n in (K, 1 << 19):
+        ctx = Context()
+        x = ctx.new_tensor(GGMLType.F32, (n,), "x")
+        doubled = ops.scale(ctx, x, 2.0)
+        y = ctx.new_tensor(GGMLType.F32, (n,), "y")
+        with (alloc_ctx_tensors(ctx, device.buffer_type), device.init_backend() as sa,
+              device.init_backend() as sb):
+            values = rng.standard_normal(n).astype(np.float32)
+            sa.set_tensor_async(x, values)
+            sa.graph_compute_async(build_graph(doubled))
+            event = device.event_new()
+            event.record(sa)
+            event.wait(sb)
+            polydev.tensor_copy_async(sa, sb, doubled, y)
+            out = np.empty(n, np.float32)
+            sb.get_tensor_async(y, out)
+            sb.synchronize()
+            np.testing.assert_array_equal(out, 2 * values)
+            event.close()
+
+
+def test_a_batch_that_fails_raises_its_error_and_the_stream_serves_on(remote):
+    """A batch's failed call (a write past its buffer's end, queued with other calls) is
+    raised, typed, by the wait on the stream; the calls after it did not run, a plan freed
+    after it is freed all the same, and the next batch runs."""
+    from polydev.errors import WireError
+
+    cpu = remote[0]
+    ctx = Context()
+    a = ctx.new_tensor(GGMLType.F32, (K,), "a")
+    b = ops.scale(ctx, a, 3.0)
+    with alloc_ctx_tensors(ctx, cpu.buffer_type) as buf, cpu.init_backend() as stream:
+        a.set_data(np.ones(K, np.float32))
+        b.set_data(np.full(K, 7, np.float32))
+        plan = stream.graph_plan_create(build_graph(b))
+        stream.synchronize()
+        n_plans = cpu.call(cpu.remote("__ray_call__", lambda actor: len(actor.plans)), "plans")
+        cpu.calls.queue("write", (buf.remote_id, buf.size, np.zeros(4, np.uint8)))
+        stream.graph_plan_compute(plan)               # skipped: it follows the failure
+        stream.graph_plan_free(plan)                  # runs: it releases
+        with pytest.raises(WireError, match="not within"):
+            stream.synchronize()
+        assert cpu.call(cpu.remote("__ray_call__", lambda actor: len(actor.plans)),
+                        "plans") == n_plans - 1
+        np.testing.assert_array_equal(b.numpy().reshape(-1), np.full(K, 7, np.float32))
+        stream.graph_compute(build_graph(b))
+        np.testing.assert_array_equal(b.numpy().reshape(-1), np.full(K, 3, np.float32))
+
+
+def test_a_batch_is_sent_before_it_holds_more_calls_than_an_actor_takes(remote):
+    from polydev.backends.ray.call_queue import MAX_BATCH
+
+    cpu = remote[0]
+    ctx = Context()
+    t = ctx.new_tensor(GGMLType.I8, (16,), "t")
+    with alloc_ctx_tensors(ctx, cpu.buffer_type), cpu.init_backend() as stream:
+        for i in range(MAX_BATCH + 3):
+            stream.set_tensor_async(t, np.full(16, i % 100, np.int8))
+        stream.synchronize()
+        np.testing.assert_array_equal(t.numpy().reshape(-1), np.full(16, (MAX_BATCH + 2) % 100))
+
+
 def test_async_transfers_keep_the_contract_on_a_remote_device(remote, rng):
     """The checks and fallbacks of tests/transfer_checks.py, on the actor's stream."""
     device, host = remote[0], polydev.device("CPU").buffer_type
@@ -356,7 +422,7 @@ def test_a_malformed_graph_or_transfer_is_refused_before_anything_is_made(remote
 def test_the_thread_count_reaches_a_remote_cpu_through_its_reg(remote):
     """ggml's "set_n_threads" proc of the Ray reg sets the remote CPU stream's threads;
     a count that is not one is refused here, before anything is sent."""
-    from polydev.errors import InvalidArgumentError
+    from polydev.errors import InvalidArgumentError, UnsupportedError
 
     cpu = remote[0]
     set_n_threads = cpu.reg.get_proc_address("set_n_threads")
@@ -374,6 +440,12 @@ def test_the_thread_count_reaches_a_remote_cpu_through_its_reg(remote):
             for bad in (0, True, 1.5):
                 with pytest.raises(InvalidArgumentError, match="thread count"):
                     set_n_threads(backend, bad)
+            if remote[1] is not None:                 # a remote OpenCL device has none
+                with remote[1].init_backend() as other:
+                    with pytest.raises(UnsupportedError, match="no thread count"):
+                        set_n_threads(other, 2)       # its type is CPU: found on the node
+                        other.synchronize()
+                    other.synchronize()               # and it serves on
         finally:
             set_n_threads(backend, before)
             backend.synchronize()

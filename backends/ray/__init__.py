@@ -59,8 +59,19 @@ def connect(address: str | None = "local", devices: Sequence[str] | None = None,
     devices (a device connected before stays as it was; a lost one is replaced where its
     node is back under the same name). ``init_kwargs`` go to ``ray.init``."""
     reg = registry().register(register())
-    serving = {(d.node_id, d.remote_name) for d in reg.devices if d.lost is None}
-    found = _start_devices(address, devices, init_kwargs, serving)   # MissingDependencyError
+    # MissingDependencyError where ray is not installed
+    found = _start_devices(address, devices, init_kwargs, _serving(reg))
+    return _register_started(reg, found)
+
+
+def _serving(reg: Reg) -> set[tuple[str, str]]:
+    """(node id, the device's name on its node) of each connected device that answers."""
+    return {(d.node_id, d.remote_name) for d in reg.devices if d.lost is None}
+
+
+def _register_started(reg: Reg, found: list[Device]) -> list[Device]:
+    """Register the devices of new actors (each in place of a lost namesake; one whose name a
+    serving device has is stopped), watched by the heartbeat; the devices registered."""
     import ray
 
     known = {d.name: d for d in reg.devices}
@@ -82,9 +93,10 @@ def connect(address: str | None = "local", devices: Sequence[str] | None = None,
 
 
 def reconnect_lost() -> list[Device]:
-    """Start again each lost device whose node is back under its name (the reg's
-    "reconnect_lost" proc, which a server calls while it serves without them): the devices
-    that took a lost one's place. Nothing is asked of Ray while no device is lost."""
+    """Start again each lost device whose node is back under its name (alive with a node id
+    of its own: a raylet that started again), on that node alone: the devices that took a
+    lost one's place. The reg's "reconnect_lost" proc, which a server calls while it serves
+    without a device; nothing is asked of Ray while no device is lost."""
     reg = registry().register(register())
     lost = {d.name: d for d in reg.devices if d.lost is not None}
     if not lost:
@@ -93,11 +105,14 @@ def reconnect_lost() -> list[Device]:
 
     if not ray.is_initialized():
         return []
-    alive = {label for _, label in node_labels(ray.nodes())}
-    names = sorted({d.remote_name for d in lost.values() if d.node in alive})
-    if not names:
+    alive = {label: node["NodeID"] for node, label in node_labels(ray.nodes())}
+    back = {alive[d.node] for d in lost.values()
+            if d.node in alive and alive[d.node] != d.node_id}
+    if not back:
         return []
-    return [d for d in connect(None, devices=names) if d.name in lost]
+    names = sorted({d.remote_name for d in lost.values()})
+    found = _start_devices(None, names, {}, _serving(reg), nodes=back)
+    return [d for d in _register_started(reg, found) if d.name in lost]
 
 
 def disconnect() -> None:
@@ -115,10 +130,11 @@ def disconnect() -> None:
 # --- starting the actors ----------------------------------------------------------------------
 
 def _start_devices(address: str | None, names: Sequence[str] | None, init_kwargs: dict,
-                   serving: set[tuple[str, str]]) -> list[Device]:
-    """An actor for each device of every alive node, but those of ``names`` only where given,
-    and none for the devices in ``serving`` (connected and answering: (node id, the device's
-    name on its node))."""
+                   serving: set[tuple[str, str]],
+                   nodes: set[str] | None = None) -> list[Device]:
+    """An actor for each device of every alive node (of the node ids ``nodes`` only, where
+    given), but those of ``names`` only where given, and none for the devices in ``serving``
+    (connected and answering: (node id, the device's name on its node))."""
     try:
         import ray
     except ImportError as e:
@@ -131,7 +147,8 @@ def _start_devices(address: str | None, names: Sequence[str] | None, init_kwargs
     labels = node_labels(ray.nodes())
     try:
         for node, label in labels:
-            found += _node_devices(ray, node, label, wanted, serving)
+            if nodes is None or node["NodeID"] in nodes:
+                found += _node_devices(ray, node, label, wanted, serving)
     except BaseException:                     # no actor is kept that no device mirrors
         for device in found:
             ray.kill(device.actor, no_restart=True)

@@ -22,7 +22,8 @@ from polydev.errors import WireError
 from .call_queue import MAX_PIECES
 from .wire_checks import is_count
 
-__all__ = ["BATCH_CALLS", "HEARTBEAT_GROUP", "DeviceActor", "catalogue"]
+__all__ = ["BATCH_CALLS", "HEARTBEAT_GROUP", "RELEASES", "WIRE_VERSION", "DeviceActor",
+           "catalogue"]
 
 # the actor's second thread: the heartbeat starts there, never behind a computation (its
 # default group has one thread, so the device's calls still run one at a time, in order)
@@ -34,6 +35,11 @@ BATCH_CALLS = frozenset({
     "memory", "alloc_size", "op_names", "supports_op", "alloc", "set_usage", "free", "write",
     "file_signature", "write_from_file", "read_pieces", "read", "memset", "clear", "copy",
     "set_numerics", "set_n_threads", "plan_create", "plan_compute", "plan_free", "marker", "info"})
+RELEASES = frozenset({"plan_free"})       # run even after a failed call of their batch
+
+# the calls and arguments the two sides exchange: bumped where they change (1: a call each,
+# 2: batches), so a node of another build is refused as it connects
+WIRE_VERSION = 2
 
 
 def catalogue() -> dict[str, Any]:
@@ -42,7 +48,7 @@ def catalogue() -> dict[str, Any]:
     from polydev.ops import GluOp, Op, UnaryOp
     from polydev.types import GGMLType
 
-    return {"version": polydev.__version__, "ops": [op.name for op in Op],
+    return {"version": polydev.__version__, "wire": WIRE_VERSION, "ops": [op.name for op in Op],
             "unary": [fn.name for fn in UnaryOp], "glu": [fn.name for fn in GluOp],
             "types": [t.name for t in GGMLType]}
 
@@ -192,6 +198,7 @@ class DeviceActor:
         self._bytes(buffer_id, offset, size)          # the buffer holds them: then read
         if not (isinstance(path, str) and is_count(file_offset)):
             raise WireError("a file is read by its path, from a byte offset")
+        failure: Exception | None = None
         try:                  # mapped: the bytes go from the page cache to the buffer once
             with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                 data = np.frombuffer(m, np.uint8, count=max(0, min(size, len(m) - file_offset)),
@@ -201,12 +208,15 @@ class DeviceActor:
                         raise WireError(f"{path} on this node differs from the driver's at "
                                         f"bytes {file_offset}..{file_offset + size}")
                     self.write(buffer_id, offset, data)
+                except Exception as e:    # raised once the map is closed: its frames hold
+                    failure = e           # the mapped array, and a map with one cannot close
+                    e.__traceback__ = None
                 finally:
-                    del data                  # the map closes only once no array holds it
-        except WireError:
-            raise
+                    del data
         except (OSError, ValueError) as e:        # gone, unreadable, empty (mmap refuses)
             raise WireError(f"{path!r} cannot be read on this node: {e}") from None
+        if failure is not None:
+            raise failure
 
     def read_pieces(self, buffer_id: int, offset: int, sizes: list[int],
                     *after: Any) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -252,22 +262,33 @@ class DeviceActor:
         """The calls of a batch (``call_queue.py``), in order: each ``(method, args, slots,
         values)`` runs ``method`` with ``args`` and, at each slot's position, the resolved
         argument it names. Returns None, then the values the calls answer with, as
-        separate returns (one where there are none)."""
+        separate returns (one where there are none). A call that fails fails the batch: the
+        calls after it do not run (they may need what it did), but those that release
+        (``RELEASES``), and every answer of the batch raises its error."""
         from .wire_checks import check_batch
 
         check_batch(entries, len(refs), BATCH_CALLS)
         answers: list[Any] = []
+        failure: Exception | None = None
         for method, args, slots, values in entries:
+            if failure is not None and method not in RELEASES:
+                continue                      # the calls after a failed one wait on it
             call_args = list(args)
             for position, index in slots:
                 call_args.insert(position, refs[index])
-            answer = getattr(self, method)(*call_args)
+            try:
+                answer = getattr(self, method)(*call_args)
+            except Exception as e:
+                failure = failure or e
+                continue
             if values == 1:
                 answers.append(answer)
             elif values > 1:
                 if not (isinstance(answer, tuple) and len(answer) == values):
                     raise WireError(f"{method} answers with one value, not {values}")
                 answers.extend(answer)
+        if failure is not None:
+            raise failure
         return (None, *answers) if answers else None
 
     # --- compute ----------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from polydev.buffer import host_bytes
-from polydev.device import Backend, Event, GraphPlan
-from polydev.errors import InvalidArgumentError, RemoteDeviceError
+from polydev.device import Backend, DeviceType, Event, GraphPlan, before_host_waits
+from polydev.errors import InvalidArgumentError, RemoteDeviceError, UnsupportedError
 from polydev.numerics import check_numerics
 from polydev.ops import VIEW_OPS, Op
 from polydev.tensor import Tensor
 
-from .call_queue import Pending
+from .call_queue import Pending, send_all
 from .wire import graph_fields
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _plan_ids = itertools.count(1)
+
+before_host_waits(send_all)       # a wait on a local stream sends the queued batches first
 
 
 class RayGraphPlan(GraphPlan):
@@ -88,9 +90,9 @@ class RayBackend(Backend):
         self._write_host(self._remote_id(t), t.offset + offset, raw)
 
     def _write_host(self, buffer_id: int, offset: int, raw: np.ndarray) -> None:
-        """Host bytes into the device in the stream's order (they may change once this
-        returns: Ray serialises them as the call is made, a held-back write copies them).
-        Without events to wait for, the write rides with the actor's next call."""
+        """Host bytes into the device in the stream's order, after the events it was told to
+        wait for (they may change once this returns: a queued write copies them, a large one
+        is its own call, serialised as it is made)."""
         self._last = self.device.write(buffer_id, offset, raw, self._after())
 
     def _get_tensor_async(self, t: Tensor, out: np.ndarray, offset: int) -> None:
@@ -99,8 +101,10 @@ class RayBackend(Backend):
             self._reads[self._submit(answer)] = place
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
-        """Into this device from another remote device (actor to actor) or from host memory
-        (sent once from here); anything else takes the generic path."""
+        """Into this device from another remote device (actor to actor: the bytes one batch
+        reads are an argument of the other's), from another stream of this device (a copy on
+        the actor), or from host memory (sent once from here); anything else takes the
+        generic path."""
         from .device import RayBuffer
 
         buffer_id = self._remote_id(dst)
@@ -109,6 +113,11 @@ class RayBackend(Backend):
             return False
         if isinstance(source, RayBuffer):
             waits = backend_src._after() if isinstance(backend_src, RayBackend) else []
+            if source.device is self.device:      # another stream of this device
+                self._submit(self.device.calls.queue(
+                    "copy", (source.remote_id, src.offset, buffer_id, dst.offset, src.nbytes),
+                    [*waits, *self._after()])[0])
+                return True
             data = source.device.calls.queue("read", (source.remote_id, src.offset,
                                                       src.nbytes), waits, values=1)[0]
         elif source.is_host:
@@ -139,8 +148,11 @@ class RayBackend(Backend):
         self._queue("set_numerics", check_numerics(numerics))
 
     def set_n_threads(self, n_threads: int) -> None:
-        """Threads of the remote device's stream, where its reg has ggml's "set_n_threads"
-        (a CPU's; another device's is an ``UnsupportedError`` of the next wait)."""
+        """Threads of the remote CPU's stream (ggml's "set_n_threads" of its reg). A device
+        whose reg has none raises ``UnsupportedError``: here where it is not of the CPU type,
+        else (a CPU-type OpenCL device) at the stream's next wait."""
+        if self.device.type != DeviceType.CPU:
+            raise UnsupportedError(f"{self.name} has no thread count to set (a remote CPU has)")
         if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
             raise InvalidArgumentError(f"{self.name}: a thread count is an int >= 1, not "
                                        f"{n_threads!r}")

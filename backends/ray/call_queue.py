@@ -7,8 +7,9 @@ device's calls are *queued* (``queue``) into the device's open batch, which goes
 as one call (``DeviceActor.run``), and the driver waits only where it needs an answer. A
 batch is sent when
 
-- the driver waits for anything (every wait sends every open batch first: ``send_all``), or a
-  call needs its answer at once (``remote``);
+- the driver is about to block on any stream or event, remote or local (``send_all``, which
+  the runtime calls first: ``polydev.device.before_host_waits``), or a call needs its answer
+  at once (``remote``);
 - another device's batch that takes one of its results is sent: an activation read here and
   written there goes from this actor's reply to the other actor's call inside Ray, without a
   turn of the driver's Python;
@@ -43,13 +44,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["CallQueue", "HELD_WRITE_BYTES", "MAX_PIECES", "POSTED_LIMIT", "Pending",
+from polydev.errors import RemoteDeviceError
+
+__all__ = ["CallQueue", "HELD_WRITE_BYTES", "MAX_BATCH", "MAX_PIECES", "POSTED_LIMIT", "Pending",
            "READ_PIECE_BYTES", "resolved", "send_all"]
 
 # below Ray's max_direct_call_object_size (100 KiB by default): a reply carries the bytes
 READ_PIECE_BYTES = 96 << 10
 MAX_PIECES = 16
 HELD_WRITE_BYTES = 64 << 10      # bytes of writes a batch holds, at most
+MAX_BATCH = 4096                 # calls a batch holds, at most (a decode step's are about ten)
 POSTED_LIMIT = 256 << 20         # bytes of posted writes before the queue waits for them
 
 _lock = threading.RLock()
@@ -69,6 +73,7 @@ class _Batch:
         self.write_bytes = 0
         self.computes = 0
         self.out: list[Any] | None = None       # the call's ObjectRefs, once sent
+        self.error: Exception | None = None     # why it could not be sent
 
 
 class Pending:
@@ -82,13 +87,16 @@ class Pending:
 
     @property
     def sent(self) -> bool:
-        return self._batch.out is not None
+        return self._batch.out is not None or self._batch.error is not None
 
     @property
     def ref(self) -> Any:
-        if self._batch.out is None:
-            self._batch.queue.send()
-        return self._batch.out[self._index]       # type: ignore[index]
+        batch = self._batch
+        if not self.sent:
+            batch.queue.send()
+        if batch.error is not None:
+            raise batch.error
+        return batch.out[self._index]             # type: ignore[index]
 
     def done(self) -> "Pending":
         """The completion of the whole call it rides in (an event of it, with no bytes)."""
@@ -129,7 +137,7 @@ class CallQueue:
         with _lock:
             foreign = self._foreign_refs(refs)
             batch = self._batch_for(compute, bool(foreign))
-            slots = []
+            slots: list[tuple[int, int]] = []
             for ref in foreign:
                 slots.append((len(args) + len(slots), len(batch.refs)))
                 batch.refs.append(ref)
@@ -139,7 +147,7 @@ class CallQueue:
             batch.computes += compute
             batch.write_bytes += held_bytes
             answers = [Pending(batch, first + i) for i in range(values)] or [Pending(batch, 0)]
-            if batch.write_bytes > HELD_WRITE_BYTES:
+            if batch.write_bytes > HELD_WRITE_BYTES or len(batch.entries) >= MAX_BATCH:
                 self.send()
             return answers
 
@@ -215,18 +223,27 @@ class CallQueue:
     # --- sending and waiting -------------------------------------------------------------------
 
     def send(self) -> None:
-        """Send the open batch as one call of the actor's (posted)."""
+        """Send the open batch as one call of the actor's (posted). Where Ray refuses it, the
+        error is raised here and by every answer of the batch."""
         with _lock:
             batch = self._batch
             if batch is None:
                 return
             self._batch = None
             _open_queues.discard(self)
-            refs = resolved(batch.refs)           # another device's batch may go first
-            call = self.actor.run.options(num_returns=1 + batch.values)
-            out = call.remote(batch.entries, *refs)
+            try:
+                refs = resolved(batch.refs)       # another device's batch may go first
+                call = self.actor.run.options(num_returns=1 + batch.values)
+                out = call.remote(batch.entries, *refs)
+            except Exception as e:
+                batch.error = RemoteDeviceError(f"{len(batch.entries)} calls could not be "
+                                                f"sent to their actor: {e}")
+                raise batch.error from e
+            finally:
+                batch.entries, batch.refs = [], []    # their bytes are Ray's now
             batch.out = list(out) if batch.values else [out]
             self._posted.append(batch.out[0])
+            self._posted_bytes += batch.write_bytes
 
     def post(self, ref: Any) -> None:
         """A call made here (``remote``) whose answer nothing needs: waited for with the

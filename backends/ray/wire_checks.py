@@ -21,6 +21,8 @@ from polydev.ops import Op
 from polydev.tensor import Tensor, TensorFlag
 from polydev.types import TYPE_TRAITS, GGMLType
 
+from .call_queue import MAX_BATCH
+
 __all__ = ["check_batch", "check_graph_fields", "check_node_signature", "check_shape_fields",
            "is_count"]
 
@@ -28,7 +30,6 @@ MAX_DIM = 1 << 40           # elements along one dimension (ggml's are int64; no
 MAX_PARAMS = 16             # ggml's GGML_MAX_OP_PARAMS is 64 bytes: 16 int32
 MAX_SOURCES = 10            # ggml's GGML_MAX_SRC
 MAX_NAME = 256              # ggml truncates at 64; polydev keeps longer names whole
-MAX_BATCH = 4096            # calls in one batch (a decode step's are about ten)
 _FIELDS = 12
 _TYPES = {int(t) for t in GGMLType}
 _OPS = {int(op) for op in Op}
