@@ -49,6 +49,9 @@ that ships whole graphs elsewhere) may still override it. ``close()`` calls ``_f
            _free()                            optional  nothing
   Event    _synchronize()                     required
            _free()                            optional  nothing
+
+A backend that holds its calls back to send them together registers a hook with
+``before_host_waits``: the runtime calls it before it blocks on any stream or event.
 """
 
 from __future__ import annotations
