@@ -88,6 +88,11 @@ class NativeKernels:
         self.interleaved_bytes = _entry(library.pd_interleaved_bytes, [_int, _i64, _i64], _i64)
         self.glu_f32_packed = _entry(library.pd_glu_f32_packed, [_ptr])
         self.binary_f32_packed = _entry(library.pd_binary_f32_packed, [_ptr])
+        self.soft_max_f32_packed = _entry(library.pd_soft_max_f32_packed, [_ptr, _f32])
+        self.top_k_f32_packed = _entry(library.pd_top_k_f32_packed, [_ptr])
+        self.sum_rows_f32_packed = _entry(library.pd_sum_rows_f32_packed, [_ptr])
+        self.clamp_f32_packed = _entry(library.pd_clamp_f32_packed, [_ptr, _f32, _f32])
+        self.get_f32_rows_packed = _entry(library.pd_get_f32_rows_packed, [_ptr], _int)
         # a run of bound calls (replay.c): the table's address, the first and the end index
         self.replay = _entry(library.pd_replay, [_ptr, _i64, _i64], _i64)
         self.get_rows_f32 = _entry(library.pd_get_rows_f32,
@@ -189,12 +194,13 @@ def _load_installed(variant: Variant) -> NativeKernels | None:
     if path is None:
         log.debug("the package has no build of the CPU kernels for %s", variant.name)
         return None
-    lib = NativeKernels(_open_library(path), path, "installed")
-    if lib.source_id != variants.source_id():
+    library = _open_library(path)
+    # checked before the entry points are declared: a build of older sources may lack some
+    if _entry(library.pd_source_id, [], ctypes.c_char_p)().decode() != variants.source_id():
         log.info("the installed CPU kernels (%s) were built from other sources than these "
                  "(reinstall the package to rebuild them)", path)
         return None
-    return lib
+    return NativeKernels(library, path, "installed")
 
 
 def _load_built(variant: Variant) -> NativeKernels | None:
