@@ -19,7 +19,8 @@ from polydev.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-NATIVE_TESTS = [HERE / name for name in ("test_cpu_native.py", "test_cpu_native_catalogue.py")]
+NATIVE_TESTS = [HERE / name for name in ("test_cpu_native.py", "test_cpu_native_catalogue.py",
+                                         "test_cpu_binary_glu.py", "test_cpu_row_ops.py")]
 # the interleaved products are built where the int16 kernels are: AVX2 and up
 INTERLEAVED_TESTS = HERE / "test_cpu_interleaved.py"
 
@@ -37,7 +38,7 @@ def _tests_of(level: str) -> list[Path]:
 @pytest.mark.parametrize("level", _lower_levels())
 def test_each_level_this_cpu_runs_passes_the_kernel_tests(level):
     """test_cpu_native.py (every kernel against float64 and the numpy path), the catalogue
-    against the numpy path and, from AVX2 on, the interleaved products, with the kernels of
+    against the numpy path, the element-wise and router kernels and, from AVX2 on, the interleaved products, with the kernels of
     ``level``: the plain-C level has no SIMD code at all, so its scalar paths are checked
     here too."""
     env = {**os.environ, native.VARIANT_ENV: level}

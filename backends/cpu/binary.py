@@ -38,7 +38,7 @@ def native_binary_ok(node: Tensor) -> bool:
 def bind_native_binary(env, node: Tensor) -> Callable[[], None]:
     a, b = node.src[0], node.src[1]
     d_view, a_view, b_view = env.view(node), env.view(a), env.view(b)
-    if _overlaps_shifted(d_view, a_view) or _overlaps_shifted(d_view, b_view):
+    if overlaps_shifted(d_view, a_view) or overlaps_shifted(d_view, b_view):
         return bind_binary(env, node)     # numpy buffers the overlap; the threads would not
     args = BinaryArguments(a=TensorWords.of(a_view.ctypes.data, a),
                            b=TensorWords.of(b_view.ctypes.data, b),
@@ -52,7 +52,7 @@ def bind_native_binary(env, node: Tensor) -> Callable[[], None]:
     return replayable(run, CallCode.BINARY, args)
 
 
-def _overlaps_shifted(d: np.ndarray, x: np.ndarray) -> bool:
+def overlaps_shifted(d: np.ndarray, x: np.ndarray) -> bool:
     """Whether ``d`` shares memory with source ``x`` other than as the same elements (an
     in-place op): then a row written may be one another thread still reads."""
     same = (d.ctypes.data == x.ctypes.data and d.strides == x.strides and d.shape == x.shape)

@@ -16,6 +16,9 @@ from .matmul import bind_native_mul_mat, native_mul_mat_ok
 from .mul_mat_id import bind_native_mul_mat_id, native_mul_mat_id_ok
 from .norm import bind_native_rms_norm, native_rms_norm_ok
 from .rope import bind_native_rope, native_rope_ok
+from .row_ops import (bind_native_clamp, bind_native_soft_max, bind_native_sum_rows,
+                      bind_native_top_k, native_clamp_ok, native_soft_max_ok,
+                      native_sum_rows_ok, native_top_k_ok)
 from .set_rows import bind_native_set_rows, native_set_rows_ok
 
 
@@ -44,4 +47,8 @@ CPU_TABLE = KernelTable({
     Op.SUB: Kernel(native_binary_ok, bind_native_binary),
     Op.MUL: Kernel(native_binary_ok, bind_native_binary),
     Op.DIV: Kernel(native_binary_ok, bind_native_binary),
+    Op.SOFT_MAX: Kernel(native_soft_max_ok, bind_native_soft_max),
+    Op.TOP_K: Kernel(native_top_k_ok, bind_native_top_k),
+    Op.SUM_ROWS: Kernel(native_sum_rows_ok, bind_native_sum_rows),
+    Op.CLAMP: Kernel(native_clamp_ok, bind_native_clamp),
 }, target=lambda backend: backend.env, fallback=_NUMPY_PRODUCTS)

@@ -45,6 +45,11 @@ class CallCode(IntEnum):
     FLASH_ATTN = 7
     GLU = 8
     BINARY = 9
+    SOFT_MAX = 10
+    TOP_K = 11
+    SUM_ROWS = 12
+    CLAMP = 13
+    GET_F32_ROWS = 14
 
 
 class CallRecord(ctypes.Structure):

@@ -24,7 +24,7 @@ import numpy as np
 __all__ = ["PackedArguments", "TensorWords", "address_of", "MulMatArguments",
            "MulMatInterleavedArguments", "MulMatIdInterleavedArguments", "GluArguments",
            "RopeArguments", "RmsNormArguments", "SetRowsArguments", "FlashAttnArguments",
-           "BinaryArguments"]
+           "BinaryArguments", "RowArguments", "GetF32RowsArguments"]
 
 _word = ctypes.c_int64
 _four_words = ctypes.c_int64 * 4
@@ -139,3 +139,18 @@ class BinaryArguments(PackedArguments):
     C_FUNCTIONS = ("pd_binary_f32",)
     _fields_ = [("a", TensorWords), ("b", TensorWords), ("d", TensorWords),
                 *_words("op", "n_threads")]
+
+
+class RowArguments(PackedArguments):
+    """A float32 row op from ``a`` into ``d`` (row_ops.c): SOFT_MAX (its scale passed beside
+    the record), TOP_K, SUM_ROWS and CLAMP (its bounds beside the record)."""
+
+    C_FUNCTIONS = ("pd_soft_max_f32", "pd_top_k_f32", "pd_sum_rows_f32", "pd_clamp_f32")
+    _fields_ = [("a", TensorWords), ("d", TensorWords), *_words("n_threads")]
+
+
+class GetF32RowsArguments(PackedArguments):
+    """GET_ROWS of float32 rows by int32 indices, ggml's batched form (row_ops.c)."""
+
+    C_FUNCTIONS = ("pd_get_f32_rows",)
+    _fields_ = [("a", TensorWords), ("idx", TensorWords), ("d", TensorWords)]

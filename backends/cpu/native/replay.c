@@ -29,6 +29,11 @@ enum {
     PD_CALL_FLASH_ATTN = 7,
     PD_CALL_GLU = 8,
     PD_CALL_BINARY = 9,
+    PD_CALL_SOFT_MAX = 10,
+    PD_CALL_TOP_K = 11,
+    PD_CALL_SUM_ROWS = 12,
+    PD_CALL_CLAMP = 13,
+    PD_CALL_GET_F32_ROWS = 14,
 };
 
 void pd_mul_mat_packed(const int64_t *a);
@@ -41,6 +46,11 @@ int pd_set_rows_f32_packed(const int64_t *a);
 void pd_flash_attn_f16_packed(const int64_t *a, float scale, float softcap);
 void pd_glu_f32_packed(const int64_t *a);
 void pd_binary_f32_packed(const int64_t *a);
+void pd_soft_max_f32_packed(const int64_t *a, float scale);
+void pd_top_k_f32_packed(const int64_t *a);
+void pd_sum_rows_f32_packed(const int64_t *a);
+void pd_clamp_f32_packed(const int64_t *a, float lo, float hi);
+int pd_get_f32_rows_packed(const int64_t *a);
 
 /* one call's status: 0, or its entry point's nonzero status (the caller's Python call then
  * redoes it and raises the error that status stands for); -1 for an unknown code */
@@ -59,6 +69,11 @@ static int run_call(const pd_call *c) {
     case PD_CALL_FLASH_ATTN: pd_flash_attn_f16_packed(a, c->f0, c->f1); return 0;
     case PD_CALL_GLU: pd_glu_f32_packed(a); return 0;
     case PD_CALL_BINARY: pd_binary_f32_packed(a); return 0;
+    case PD_CALL_SOFT_MAX: pd_soft_max_f32_packed(a, c->f0); return 0;
+    case PD_CALL_TOP_K: pd_top_k_f32_packed(a); return 0;
+    case PD_CALL_SUM_ROWS: pd_sum_rows_f32_packed(a); return 0;
+    case PD_CALL_CLAMP: pd_clamp_f32_packed(a, c->f0, c->f1); return 0;
+    case PD_CALL_GET_F32_ROWS: return pd_get_f32_rows_packed(a);
     default: return -1;
     }
 }
