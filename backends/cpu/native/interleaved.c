@@ -242,7 +242,7 @@ GROUP_BODY(group_k4) {
     r16_floats acc[TILE];
     start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
-        if (!w16) prefetch_block(p, group_block_bytes(type));
+        if (!w16) prefetch_rows_block(p, group_block_bytes(type), ROWS);
         const r16_floats d = r16_fp16(p), dmin = r16_fp16(p + 32);
         for (int g = 0; g < 8; g++) {
             r16_sums s[TILE][2];
@@ -286,7 +286,7 @@ GROUP_BODY(group_q6_k) {
     r16_floats acc[TILE];
     start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += Q6_K_X16) {
-        if (!w16) prefetch_block(p, Q6_K_X16);
+        if (!w16) prefetch_rows_block(p, Q6_K_X16, ROWS);
         const r16_floats d = r16_fp16(p);
         r16_floats block[TILE];
         for (int r = 0; r < ROWS; r++) block[r] = r16_floats_zero();
@@ -322,7 +322,7 @@ GROUP_BODY(group_32) {
     r16_floats acc[TILE];
     start_rows(acc, ROWS, y, y_stride, accumulate);
     for (int64_t b = 0; b < nb; b++, p += group_block_bytes(type)) {
-        if (!w16) prefetch_block(p, group_block_bytes(type));
+        if (!w16) prefetch_rows_block(p, group_block_bytes(type), ROWS);
         r16_sums s[TILE][2];
         for (int r = 0; r < ROWS; r++) s[r][0] = s[r][1] = r16_sums_zero();
         _Pragma("GCC unroll 16")

@@ -85,8 +85,8 @@ static inline int header_32(int type) { return has_min_32(type) ? 64 : 32; }
 /* Ask for a block's bytes PREFETCH_BYTES ahead of where the kernel reads. Every product
  * streams its weight once, and with more than one activation row a block takes long enough to
  * multiply that the hardware prefetchers fall behind: a 52 MB Q4_K weight times 8 rows ran at
- * 172 GMAC/s against 330 for one that fits the caches; with this, 340 (2 threads, Zen 4), and
- * one row reads 20% faster. 8 KiB ahead was best of 2 to 16 (Q8_0 needs the most). */
+ * 172 GMAC/s against 330 for one that fits the caches; with this, 340 (2 threads, Zen 4). 8 KiB
+ * ahead was best of 2 to 16 (Q8_0 needs the most). */
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 8192
 #endif
@@ -94,6 +94,16 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
                                                                  int64_t bytes) {
     for (int64_t c = 0; PREFETCH_BYTES > 0 && c < bytes; c += 64)     /* 0: none */
         __builtin_prefetch(p + PREFETCH_BYTES + c, 0, 3);
+}
+
+/* prefetch_block for a kernel of `rows` activation rows: none for one row (a decode step).
+ * One row streams the weight as fast as the hardware prefetchers fetch it, and the block's
+ * 37 to 53 prefetch instructions stalled it: a Zen 4's Q4_K mat-vec over 370 MB of weights read
+ * 14-22 GB/s with them against 23-29 without, on one thread 14 against 23.5, its read loop's
+ * 23 (bench/decode_profile.py's products). */
+static inline __attribute__((always_inline)) void prefetch_rows_block(const uint8_t *p,
+                                                                      int64_t bytes, int rows) {
+    if (rows > 1) prefetch_block(p, bytes);
 }
 
 /* A group kernel's passes over the rows of `a` (the enclosing function's; results at Y, rows

@@ -261,7 +261,7 @@ static inline __attribute__((always_inline)) void group8(int type, const uint8_t
     for (int r = 0; r < ROWS; r++)
         acc[r] = accumulate ? _mm512_loadu_ps(y + r * y_stride) : _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += bytes) {
-        if (!w8) prefetch_block(p, bytes);
+        if (!w8) prefetch_rows_block(p, bytes, ROWS);
         for (int u = 0; u < units; u++) {
             const int64_t at = units * b + u;            /* the unit among t's */
             __m512i w[8], s[TILE8][2];
