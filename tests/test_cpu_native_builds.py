@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,9 @@ def _tests_of(level: str) -> list[Path]:
 @pytest.mark.parametrize("level", _lower_levels())
 def test_each_level_this_cpu_runs_passes_the_kernel_tests(level):
     """test_cpu_native.py (every kernel against float64 and the numpy path), the catalogue
-    against the numpy path, the element-wise and router kernels and, from AVX2 on, the interleaved products, with the kernels of
-    ``level``: the plain-C level has no SIMD code at all, so its scalar paths are checked
-    here too."""
+    against the numpy path, the element-wise and router kernels and, from AVX2 on, the
+    interleaved products, with the kernels of ``level``: the plain-C level has no SIMD code
+    at all, so its scalar paths are checked here too."""
     env = {**os.environ, native.VARIANT_ENV: level}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *map(str, _tests_of(level))], env=env, cwd=ROOT,
@@ -57,11 +58,23 @@ def test_the_installed_build_of_the_best_level_loads():
     assert path is not None, f"the install did not build the CPU kernels for {best.name}"
     lib = native.kernels()
     if lib is None or lib.origin != "installed":
-        built_from = native.NativeKernels(native._open_library(path), path, "installed")
-        if built_from.source_id != variants.source_id():
+        if native.library_source_id(native._open_library(path)) != variants.source_id():
             pytest.skip("the C sources changed since the install (an editable checkout): "
                         "reinstall to rebuild")
     assert lib is not None and lib.origin == "installed" and lib.variant == best.name
+
+
+def test_an_installed_build_of_other_sources_is_passed_over(monkeypatch, tmp_path, caplog):
+    """A build of older sources may lack entry points these sources declare: it is refused by
+    its source checksum before any is looked up (then the loader builds these)."""
+    def source_id() -> bytes:            # a function takes ctypes' argtypes and restype
+        return b"other sources"
+    older_build = types.SimpleNamespace(pd_source_id=source_id)     # no entry points at all
+    monkeypatch.setattr(native, "installed_path", lambda variant: tmp_path / "old.so")
+    monkeypatch.setattr(native, "_open_library", lambda path: older_build)
+    with caplog.at_level(logging.INFO, logger=native.__name__):
+        assert native._load_installed(variants.supported()[0]) is None
+    assert "built from other sources" in caplog.text
 
 
 def test_without_an_installed_build_the_loader_builds_one_once(monkeypatch, tmp_path):

@@ -1,9 +1,10 @@
 """The CPU's compiled router ops (backends/cpu/row_ops.py, get_rows.py, native/row_ops.c):
-SOFT_MAX of float32 rows against float64, TOP_K's indices equal the array kernel's (numpy's
-stable sort: largest first, ties by index, NaN last), GET_ROWS of float32 rows in ggml's
-batched form equal numpy's gather and refuse a bad index with nothing written, SUM_ROWS against
-float64, CLAMP equal numpy's; layouts they do not take go to numpy; and a mixture of experts'
-router is one replay run."""
+SOFT_MAX of float32 rows against float64; TOP_K's indices in numpy's stable argsort order
+(largest first, ties by index, NaN last), a large k left to numpy; GET_ROWS of float32 rows
+in ggml's batched form equal to numpy's gather, a bad index refused with nothing written;
+SUM_ROWS against float64; CLAMP equal to numpy's; strided and in-place layouts, and the
+threaded loops equal to one thread; layouts they do not take go to numpy; and a mixture of
+experts' router is one replay run."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def test_soft_max_carries_non_finite_values_as_numpy(cpu):
                   [-np.inf] * 10,
                   [0.0, np.nan, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
                   [0.0, 1.0, np.inf, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]], np.float32)
+    assert _bound_compiled(cpu, lambda ctx, a: ops.soft_max(ctx, a), (GGMLType.F32, (10, 4)))
     got = compute(cpu, lambda ctx, a: ops.soft_max(ctx, a), x).reshape(x.shape)
-    finite = x[0].copy()
-    want = np.exp(finite.astype(np.float64) - 3.0)
+    want = np.exp(x[0].astype(np.float64) - 3.0)
     assert_close(got[0], want / want.sum(), 1e-12)
     assert got[0][np.isneginf(x[0])].tolist() == [0.0, 0.0, 0.0]
     assert np.isnan(got[1:]).all()
@@ -79,7 +80,7 @@ def _numpy_top_k(x: np.ndarray, k: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n,k", [(8, 1), (8, 2), (16, 4), (32, 8), (128, 8), (300, 17), (5, 5)])
-def test_top_k_equals_the_array_kernels_order(cpu, rng, n, k):
+def test_top_k_is_numpys_stable_order(cpu, rng, n, k):
     """Values drawn from few levels, so rows hold ties: equal values by index."""
     x = (rng.integers(0, 6, size=(3, 2, n)) / 4).astype(np.float32)
     assert _bound_compiled(cpu, lambda ctx, a: ops.top_k(ctx, a, k),
@@ -91,6 +92,7 @@ def test_top_k_equals_the_array_kernels_order(cpu, rng, n, k):
 def test_top_k_puts_nan_after_every_number(cpu):
     x = np.array([[np.nan, -np.inf, 1.0, np.nan, -0.0, 0.0, np.inf, -5.0],
                   [np.nan, np.nan, np.nan, 2.0, np.nan, np.nan, np.nan, np.nan]], np.float32)
+    assert _bound_compiled(cpu, lambda ctx, a: ops.top_k(ctx, a, 8), (GGMLType.F32, (8, 2)))
     got = compute(cpu, lambda ctx, a: ops.top_k(ctx, a, 8), x).reshape(2, 8)
     np.testing.assert_array_equal(got, _numpy_top_k(x, 8))
     assert got[0].tolist() == [6, 2, 4, 5, 7, 1, 0, 3]
@@ -164,6 +166,85 @@ def test_clamp_equals_numpy_and_carries_nan(cpu, rng, lo, hi):
     got = compute(cpu, lambda ctx, a: ops.clamp(ctx, a, lo, hi), x).reshape(x.shape)
     np.testing.assert_array_equal(got, np.minimum(np.maximum(x, np.float32(lo)),
                                                   np.float32(hi)))
+
+
+def test_a_large_k_goes_to_numpy(cpu, rng):
+    """The kernel's insertion is O(n k): beyond a router's k numpy partitions instead."""
+    x = f32(rng, (2, 4096))
+    assert not _bound_compiled(cpu, lambda ctx, a: ops.top_k(ctx, a, 200),
+                               (GGMLType.F32, (4096, 2)))
+    got = compute(cpu, lambda ctx, a: ops.top_k(ctx, a, 200), x).reshape(2, 200)
+    np.testing.assert_array_equal(np.sort(got, axis=-1),
+                                  np.sort(_numpy_top_k(x, 200), axis=-1))
+
+
+def test_soft_max_in_place_equals_float64(cpu, rng):
+    x = f32(rng, (5, 40), -5, 5)
+    build = lambda ctx, a: ops.soft_max_ext(ctx, a, None, 0.5, inplace=True)  # noqa: E731
+    assert _bound_compiled(cpu, build, (GGMLType.F32, (40, 5)))
+    assert_close(compute(cpu, build, x).reshape(x.shape), _softmax64(x, 0.5), 1e-12)
+
+
+def _padded_4d(ctx, t, ne):
+    """A [ne0, ne1, ne2, ne3] view of ``t`` whose rows are 3 floats apart beyond ne0, from an
+    offset of 2 floats (t holds (ne0 + 3) * ne1 * ne2 * ne3 + 2 floats)."""
+    nb1 = (ne[0] + 3) * 4
+    return ops.view_4d(ctx, t, *ne, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2], 8)
+
+
+@pytest.mark.parametrize("op", ["top_k", "sum_rows", "clamp"])
+def test_row_ops_of_padded_4d_views_equal_numpy(cpu, rng, op):
+    ne = (19, 3, 2, 2)
+    flat = f32(rng, ((ne[0] + 3) * ne[1] * ne[2] * ne[3] + 2,), -2, 2)
+    rows = flat[2:].reshape(ne[3], ne[2], ne[1], ne[0] + 3)[..., :ne[0]]
+    build = {"top_k": lambda ctx, t: ops.top_k(ctx, _padded_4d(ctx, t, ne), 5),
+             "sum_rows": lambda ctx, t: ops.sum_rows(ctx, _padded_4d(ctx, t, ne)),
+             "clamp": lambda ctx, t: ops.clamp(ctx, _padded_4d(ctx, t, ne), -0.5, 0.5)}[op]
+    assert _bound_compiled(cpu, build, (GGMLType.F32, (flat.size,)))
+    got = compute(cpu, build, flat)
+    if op == "top_k":
+        np.testing.assert_array_equal(got.reshape(*rows.shape[:3], 5), _numpy_top_k(rows, 5))
+    elif op == "sum_rows":
+        want = rows.astype(np.float64).sum(axis=-1)
+        assert np.all(np.abs(got.reshape(want.shape) - want) <= np.abs(want) * 2 ** -24)
+    else:           # CLAMP's result is its source's view, clamped in place
+        np.testing.assert_array_equal(got.reshape(rows.shape), np.clip(rows, -0.5, 0.5))
+
+
+def test_get_rows_takes_strided_indices_and_padded_rows(cpu, rng):
+    """Three matrices' rows 8 floats apart, of which 5 are values, each with its own 4
+    indices read through a transposed view (their values 3 int32 apart)."""
+    a = f32(rng, (3, 7, 8))
+    idx = rng.integers(0, 7, size=(4, 3)).astype(np.int32)      # matrix i1's are idx[:, i1]
+
+    def build(ctx, x, i):
+        rows = ops.view_3d(ctx, x, 5, 7, 3, x.nb[1], x.nb[2], 0)
+        return ops.get_rows(ctx, rows, ops.transpose(ctx, i))
+    assert _bound_compiled(cpu, build, (GGMLType.F32, (8, 7, 3)), (GGMLType.I32, (3, 4)))
+    got = compute(cpu, build, a, idx).reshape(3, 4, 5)
+    want = np.stack([a[i1, idx[:, i1], :5] for i1 in range(3)])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_threaded_row_ops_equal_one_thread(rng):
+    """Shapes well above the threads' threshold on 4 threads (what one CPU of few cores never
+    reaches otherwise) give the one-thread results exactly."""
+    x = f32(rng, (256, 1031), -8, 8)
+    builds = {"soft_max": lambda ctx, a: ops.soft_max_ext(ctx, a, None, 0.25),
+              "top_k": lambda ctx, a: ops.top_k(ctx, a, 16),
+              "sum_rows": lambda ctx, a: ops.sum_rows(ctx, a),
+              "clamp": lambda ctx, a: ops.clamp(ctx, a, -1.0, 1.0)}
+    results = {}
+    for threads in (1, 4):
+        with polydev.init_backend("CPU") as cpu:
+            cpu.set_n_threads(threads)
+            for name, build in builds.items():
+                assert _bound_compiled(cpu, build, (GGMLType.F32, (1031, 256)))
+                results[name, threads] = compute(cpu, build, x)
+    for name in builds:
+        np.testing.assert_array_equal(results[name, 4], results[name, 1])
+    assert_close(results["soft_max", 4].reshape(x.shape), _softmax64(x, 0.25), 1e-12)
+    np.testing.assert_array_equal(results["top_k", 4].reshape(256, 16), _numpy_top_k(x, 16))
 
 
 def test_a_routers_ops_are_one_replay_run_equal_to_numpy(fast_cpu, rng):

@@ -52,6 +52,7 @@ def _bind_f32_rows(env, node: Tensor) -> Callable[[], None]:
     def run() -> None:
         if get_rows(where) != 0:
             check_indices(np, indices, a.ne[1], "get_rows")     # raises, with the range
+            raise AssertionError("get_rows: the kernel refused indices that are in range")
     run.keep_alive = args
     return replayable(run, CallCode.GET_F32_ROWS, args)
 

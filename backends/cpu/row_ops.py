@@ -41,10 +41,16 @@ def native_soft_max_ok(node: Tensor) -> bool:
             and node.type == x.type == F32 and node.ne == x.ne and _unit_rows(node, x))
 
 
+# TOP_K's largest k the kernel takes: it inserts each value into the k kept (O(n k)), below
+# a sort's cost for a router's k (1 to 32) and far above it for large k (numpy partitions)
+TOP_K_MAX = 32
+
+
 def native_top_k_ok(node: Tensor) -> bool:
     a = node.src[0]
     return (loaded_kernels() is not None and a.type == F32 and node.type == I32
-            and node.ne[1:] == a.ne[1:] and node.ne[0] <= a.ne[0] and _unit_rows(node, a))
+            and node.ne[1:] == a.ne[1:] and 1 <= node.ne[0] <= min(a.ne[0], TOP_K_MAX)
+            and _unit_rows(node, a))
 
 
 def native_sum_rows_ok(node: Tensor) -> bool:
@@ -70,24 +76,25 @@ def _row_arguments(env, node: Tensor) -> RowArguments | None:
                         d=TensorWords.of(d_view.ctypes.data, node), n_threads=env.n_threads)
 
 
-def _bind(env, node: Tensor, code: CallCode, entry, array_bind, f0: float = 0.0,
-          f1: float = 0.0, floats: int = 0) -> Callable[[], None]:
-    """``node`` bound to the packed ``entry`` with ``floats`` float arguments (f0, f1) beside
-    its record; to ``array_bind`` where the kernel cannot take its layout."""
+def _bind(env, node: Tensor, code: CallCode, entry, array_bind,
+          floats: tuple[float, ...] = ()) -> Callable[[], None]:
+    """``node`` bound to the packed ``entry`` with ``floats`` (at most two) beside its record;
+    to ``array_bind`` where the kernel cannot take its layout."""
     args = _row_arguments(env, node)
     if args is None:
         return array_bind(env, node)
-    where, beside = args.address, (f0, f1)[:floats]
+    where = args.address
 
     def run() -> None:
-        entry(where, *beside)
+        entry(where, *floats)
     run.keep_alive = args
+    f0, f1 = (*floats, 0.0, 0.0)[:2]
     return replayable(run, code, args, f0=f0, f1=f1)
 
 
 def bind_native_soft_max(env, node: Tensor) -> Callable[[], None]:
     return _bind(env, node, CallCode.SOFT_MAX, kernels().soft_max_f32_packed, bind_soft_max,
-                 SoftMaxParams.of(node).scale, floats=1)
+                 (SoftMaxParams.of(node).scale,))
 
 
 def bind_native_top_k(env, node: Tensor) -> Callable[[], None]:
@@ -101,4 +108,4 @@ def bind_native_sum_rows(env, node: Tensor) -> Callable[[], None]:
 def bind_native_clamp(env, node: Tensor) -> Callable[[], None]:
     params = ClampParams.of(node)
     return _bind(env, node, CallCode.CLAMP, kernels().clamp_f32_packed, bind_clamp,
-                 params.min, params.max, floats=2)
+                 (params.min, params.max))

@@ -67,7 +67,7 @@ class NativeKernels:
     def __init__(self, library: ctypes.CDLL, path: Path, origin: str) -> None:
         self.path, self.origin = path, origin
         self.variant = _entry(library.pd_variant, [], ctypes.c_char_p)().decode()
-        self.source_id = _entry(library.pd_source_id, [], ctypes.c_char_p)().decode()
+        self.source_id = library_source_id(library)
         self.dequantize_rows = _entry(library.pd_dequantize_rows,
                                       [_int, _ptr, _i64, _i64, _i64, _i64, _ptr, _int])
         self.f16_to_f32 = _entry(library.pd_f16_to_f32,
@@ -189,6 +189,11 @@ def _open_library(path: Path) -> ctypes.CDLL:
         del os.environ["GOMP_SPINCOUNT"]
 
 
+def library_source_id(library: ctypes.CDLL) -> str:
+    """The checksum of the sources ``library`` was built from (``pd_source_id``)."""
+    return _entry(library.pd_source_id, [], ctypes.c_char_p)().decode()
+
+
 def _load_installed(variant: Variant) -> NativeKernels | None:
     path = installed_path(variant)
     if path is None:
@@ -196,7 +201,7 @@ def _load_installed(variant: Variant) -> NativeKernels | None:
         return None
     library = _open_library(path)
     # checked before the entry points are declared: a build of older sources may lack some
-    if _entry(library.pd_source_id, [], ctypes.c_char_p)().decode() != variants.source_id():
+    if library_source_id(library) != variants.source_id():
         log.info("the installed CPU kernels (%s) were built from other sources than these "
                  "(reinstall the package to rebuild them)", path)
         return None

@@ -6,10 +6,13 @@
  * numpy calls each cost 5-20 µs, more than their arithmetic, and each split the layer's
  * replay run (replay.c) in three. Here each is one replayable call.
  *
- * Semantics are ggml's CPU ops' (ggml-cpu/ops.cpp): SOFT_MAX subtracts the row's maximum,
- * sums the exponentials in double and multiplies by the sum's inverse; SUM_ROWS sums in double;
- * TOP_K's indices are polydev's deterministic order (the array kernel's): largest first, equal
- * values by index, NaN after every number; CLAMP carries NaN as numpy's maximum and minimum.
+ * SOFT_MAX and SUM_ROWS are ggml's CPU ops (ggml-cpu/ops.cpp): the row's maximum subtracted,
+ * the exponentials summed in double, the row times the sum's inverse; SUM_ROWS in double.
+ * TOP_K's indices come in numpy's stable argsort of -a order (ggml leaves the order open):
+ * largest first, equal values by index, NaN after every number; k is small (a router's 1 to
+ * 32: an insertion into the k kept, O(n k)). CLAMP carries NaN, as the array kernel's numpy
+ * maximum and minimum do (ggml's MAX(MIN(x, hi), lo) makes it hi): the results must equal
+ * the array kernels'.
  */
 #include "blocks.h"
 
@@ -25,7 +28,7 @@ static inline uint8_t *nth_row(const pd_tensor *t, int64_t r) {
     return tensor_row(t, r % ne1, (r / ne1) % ne2, r / (ne1 * ne2));
 }
 
-static inline int64_t rows_of(const pd_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+static inline int64_t n_rows_of(const pd_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 
 /* --- SOFT_MAX ------------------------------------------------------------------------------ */
 
@@ -65,7 +68,7 @@ static double exp_row(const float *x, float *d, int64_t n, float scale, float m)
 
 /* each row of a scaled, then its softmax, into d (a and d may be the same memory) */
 void pd_soft_max_f32(const pd_tensor *a, const pd_tensor *d, float scale, int n_threads) {
-    const int64_t n = a->ne[0], n_rows = rows_of(a);
+    const int64_t n = a->ne[0], n_rows = n_rows_of(a);
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (threaded(n_threads, n_rows, n))
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = (const float *)nth_row(a, r);
@@ -87,7 +90,7 @@ void pd_soft_max_f32_packed(const int64_t *a, float scale) {
 static inline int before(float v, float u) { return v > u || (u != u && v == v); }
 
 /* the k largest of x's n values, their indices largest first into out: an insertion into the
- * k kept so far (O(n k), for the router's k of 1 to 8 below a sort's cost) */
+ * k kept so far (O(n k): for a router's k, below a sort's cost) */
 static void top_k_row(const float *x, int64_t n, int32_t *out, int64_t k) {
     int64_t kept = 0;
     for (int64_t j = 0; j < n; j++) {
@@ -101,8 +104,9 @@ static void top_k_row(const float *x, int64_t n, int32_t *out, int64_t k) {
 
 /* the indices of each row's d->ne[0] largest values of a, largest first */
 void pd_top_k_f32(const pd_tensor *a, const pd_tensor *d, int n_threads) {
-    const int64_t n = a->ne[0], k = d->ne[0], n_rows = rows_of(a);
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (threaded(n_threads, n_rows, n * k))
+    const int64_t n = a->ne[0], k = d->ne[0], n_rows = n_rows_of(a);
+    const int parallel = threaded(n_threads, n_rows, n * k);
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (parallel)
     for (int64_t r = 0; r < n_rows; r++)
         top_k_row((const float *)nth_row(a, r), n, (int32_t *)nth_row(d, r), k);
 }
@@ -146,7 +150,7 @@ int pd_get_f32_rows_packed(const int64_t *a) {
 
 /* d's one value per row: the sum of a's row, in double */
 void pd_sum_rows_f32(const pd_tensor *a, const pd_tensor *d, int n_threads) {
-    const int64_t n = a->ne[0], n_rows = rows_of(a);
+    const int64_t n = a->ne[0], n_rows = n_rows_of(a);
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (threaded(n_threads, n_rows, n))
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = (const float *)nth_row(a, r);
@@ -163,7 +167,7 @@ void pd_sum_rows_f32_packed(const int64_t *a) {
 
 /* d = a held within [lo, hi]; NaN stays NaN (a and d may be the same memory) */
 void pd_clamp_f32(const pd_tensor *a, const pd_tensor *d, float lo, float hi, int n_threads) {
-    const int64_t n = a->ne[0], n_rows = rows_of(a);
+    const int64_t n = a->ne[0], n_rows = n_rows_of(a);
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (threaded(n_threads, n_rows, n))
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = (const float *)nth_row(a, r);
