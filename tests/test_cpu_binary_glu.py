@@ -70,6 +70,7 @@ def test_a_result_overlapping_b_at_an_offset_goes_to_numpy(cpu, rng):
 def test_geglu_equals_float64(cpu, rng, rows, n):
     """GEGLU with ggml's tanh GELU, over values where 1 + tanh is tiny (x near -8) too."""
     x, g = f32(rng, (1, 1, rows, n), -8, 8), f32(rng, (1, 1, rows, n))
+    assert _bound_compiled(cpu, lambda ctx, a, b: ops.geglu(ctx, a, b), (n, rows), (n, rows))
     out = compute(cpu, lambda ctx, a, b: ops.geglu(ctx, a, b), x, g)
     x64 = x.astype(np.float64)
     gelu = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * x64 * (1 + 0.044715 * x64 ** 2)))

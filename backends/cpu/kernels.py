@@ -39,6 +39,7 @@ CPU_TABLE = KernelTable({
     Op.MUL_MAT_ID: Kernel(native_mul_mat_id_ok, bind_native_mul_mat_id),
     Op.FLASH_ATTN_EXT: Kernel(native_flash_attn_ok, bind_native_flash_attn),
     (Op.GLU, GluOp.SWIGLU): Kernel(native_glu_ok, bind_native_glu),
+    (Op.GLU, GluOp.GEGLU): Kernel(native_glu_ok, bind_native_glu),
     Op.GET_ROWS: Kernel(native_get_rows_ok, bind_native_get_rows),
     Op.ROPE: Kernel(native_rope_ok, bind_native_rope),
     Op.RMS_NORM: Kernel(native_rms_norm_ok, bind_native_rms_norm),
