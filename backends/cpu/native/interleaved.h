@@ -97,10 +97,11 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
 }
 
 /* prefetch_block for a kernel of `rows` activation rows: none for one row (a decode step).
- * One row streams the weight as fast as the hardware prefetchers fetch it, and the block's
- * 37 to 53 prefetch instructions stalled it: a Zen 4's Q4_K mat-vec chain over 370 MB of
- * weights read 16-22 GB/s with them against 23-29 without, one thread 14 against 23.5 (its
- * read loop's 23; bench/products.py). */
+ * One row streams the weight as fast as the hardware prefetchers fetch it, and a block's
+ * prefetch instructions (37 for Q4_K, 53 for Q6_K) stalled it: a Zen 4's Q4_K mat-vec chain
+ * over 370 MB of weights read 16-22 GB/s with them against 23-29 without, one thread 14
+ * against 23.5 (its read loop's 23). The commit that added them measured one row 10-25%
+ * faster on its host, with the kernels of then; bench/products.py checks a host. */
 static inline __attribute__((always_inline)) void prefetch_rows_block(const uint8_t *p,
                                                                       int64_t bytes, int rows) {
     if (rows > 1) prefetch_block(p, bytes);
