@@ -527,12 +527,13 @@ def test_a_nan_in_cells_the_mask_hides_stays_hidden(cpu, rng, n_q):
     assert np.all(np.isfinite(out[0, -1, :2]))            # the heads of the other KV head
 
 
-def test_openmp_spins_briefly_unless_the_user_says_otherwise(monkeypatch):
-    """libgomp reads GOMP_SPINCOUNT as it loads with the kernels: SPIN_COUNT then, a user's
+def test_openmp_spin_count_is_set_as_the_kernels_load_unless_the_user_sets_one(monkeypatch):
+    """libgomp reads GOMP_SPINCOUNT as it loads with the kernels: spin_count() then, a user's
     OMP_WAIT_POLICY or GOMP_SPINCOUNT instead, and the environment is left as it was."""
     seen = []
     monkeypatch.setattr(native.ctypes, "CDLL", lambda path: seen.append(
         (os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))))
+    monkeypatch.setattr(native, "host_core_sharers", lambda: ())
     for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
     native._open_library(kernels().path)
@@ -544,3 +545,18 @@ def test_openmp_spins_briefly_unless_the_user_says_otherwise(monkeypatch):
     monkeypatch.setenv("GOMP_SPINCOUNT", "7")
     native._open_library(kernels().path)
     assert seen.pop() == ("7", None) and os.environ["GOMP_SPINCOUNT"] == "7"
+
+
+def test_openmp_threads_spin_briefly_beside_a_driver_on_the_same_cores(monkeypatch):
+    """Alone, the kernels' threads spin SPIN_COUNT rounds (outlasting the Python between decode
+    steps); once a device that computes on the host's cores has opened a backend (an OpenCL
+    CPU device), SHARED_SPIN_COUNT, the shorter."""
+    from polydev import host_cores
+
+    monkeypatch.setattr(host_cores, "_sharers", [])
+    assert native.spin_count() == native.SPIN_COUNT
+    assert int(native.SHARED_SPIN_COUNT) < int(native.SPIN_COUNT)
+    host_cores.share_host_cores("OpenCL0")
+    host_cores.share_host_cores("OpenCL0")
+    assert host_cores.host_core_sharers() == ("OpenCL0",)
+    assert native.spin_count() == native.SHARED_SPIN_COUNT

@@ -60,6 +60,18 @@ def test_the_cpu_backend_stays_last_and_best():
         assert polydev.registry().best_device().name == "CPU"
 
 
+def test_a_backend_on_the_host_cpu_says_it_shares_the_cores(dev):
+    """The CPU kernels' threads spin briefly beside a driver on the host's cores
+    (polydev.host_cores): an OpenCL backend on a CPU device says so as it opens."""
+    from polydev.host_cores import host_core_sharers
+
+    backend = dev.init_backend()
+    try:
+        assert (dev.name in host_core_sharers()) == (dev.type == DeviceType.CPU)
+    finally:
+        backend.close()
+
+
 def _devices_output(env_update: dict) -> str:
     env = {**os.environ, **env_update}
     return subprocess.run([sys.executable, "-m", "polydev.tools.cli", "devices", "--verbose"],

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from polydev.device import Backend, Event
+from polydev.device import Backend, DeviceType, Event
+from polydev.host_cores import share_host_cores
 from polydev.inflight import KernelErrorFlags
 from polydev.tensor import Tensor
 
@@ -43,6 +44,8 @@ class OpenCLBackend(Backend):
 
     def __init__(self, device: OpenCLDevice) -> None:
         super().__init__(device)
+        if device.type == DeviceType.CPU:    # its threads and the CPU kernels' share the cores
+            share_host_cores(device.name)
         cl = device.cl
         self.queue = cl.CommandQueue(device.platform.context, device.cl_device)
         # A slot each for GET_ROWS, SET_ROWS and MUL_MAT_ID kernels, set when they meet an

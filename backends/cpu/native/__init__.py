@@ -33,6 +33,7 @@ from pathlib import Path
 
 from polydev.env import env_int, env_text
 from polydev.errors import CompileError, ConfigError
+from polydev.host_cores import host_core_sharers
 from polydev.kernel_build import compile_cached
 
 from . import variants
@@ -44,12 +45,19 @@ HERE = Path(__file__).parent
 SOURCES = sorted(HERE.glob("*.c"))
 DISABLE_ENV = "POLYDEV_CPU_NATIVE"
 VARIANT_ENV = "POLYDEV_CPU_KERNELS"
-# Rounds an OpenMP thread spins after a parallel region before it sleeps. libgomp's default,
-# 300,000, is milliseconds of spinning; on a machine of few cores that spinning holds a core
-# the next kernel's threads need (the OpenCL driver's, BLAS's, or the sibling hyperthread's).
-# About 0.1 ms keeps the threads warm between the kernels of one step. bench/models.py on this
-# 2-core machine: tg128 on the CPU no slower, half the layers on PoCL about 1.1x faster.
-SPIN_COUNT = "20000"
+# Rounds an OpenMP thread spins after a parallel region before it sleeps (libgomp's default is
+# 300,000). Alone on the host, a thread should outlast the Python between two decode steps
+# (0.3-1 ms on a 2-core Zen 4 VM): asleep, it took 60-120 µs to wake for the next step's first
+# kernel there, and at 20,000 rounds (0.3-0.5 ms there) it slept in most steps of the host's
+# slow phases. 100,000 rounds is about 2.5 ms there. tg128 in turns, 20,000 against 100,000
+# (`polydev bench -n 128 -r 3`, 4 rounds, a slow phase): qwen3moe 1B-class 127-166 against
+# 150-179 t/s, 1B-class Q4_K 81-95 against 84-96, gemma-3-270m 84-95 against 87-102 (9 of 12
+# rounds faster); in fast phases, the same; pp512 the same. Beside a driver that computes on
+# the same cores (polydev.host_cores: PoCL), a spinning thread holds a core that driver's
+# threads need at the switch to its layers: gemma-3-270m with half its layers on PoCL ran tg
+# about 0.9x at 100,000 and 0.77x at 300,000 of its speed at SHARED_SPIN_COUNT.
+SPIN_COUNT = "100000"
+SHARED_SPIN_COUNT = "20000"
 
 _i64, _ptr, _int, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
@@ -176,17 +184,28 @@ def _build(cc: str, variant: Variant, flags: list[str]) -> Path:
 
 
 def _open_library(path: Path) -> ctypes.CDLL:
-    """dlopen ``path`` with libgomp's spin count at SPIN_COUNT: libgomp reads its settings
+    """dlopen ``path`` with libgomp's spin count at spin_count(): libgomp reads its settings
     from the environment once, as it loads with the library (a libgomp already loaded keeps its
     own). A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT wins, and the environment is left as it
     was, so child processes do not inherit the setting."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return ctypes.CDLL(str(path))
-    os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    os.environ["GOMP_SPINCOUNT"] = spin_count()
     try:
         return ctypes.CDLL(str(path))
     finally:
         del os.environ["GOMP_SPINCOUNT"]
+
+
+def spin_count() -> str:
+    """The OpenMP threads' spin count for this process (see SPIN_COUNT): SHARED_SPIN_COUNT
+    where a device that computes on the host's cores has opened a backend, else SPIN_COUNT."""
+    sharers = host_core_sharers()
+    if sharers:
+        log.debug("CPU kernels: OpenMP threads spin %s rounds (%s computes on these cores)",
+                  SHARED_SPIN_COUNT, ", ".join(sharers))
+        return SHARED_SPIN_COUNT
+    return SPIN_COUNT
 
 
 def library_source_id(library: ctypes.CDLL) -> str:
