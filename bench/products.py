@@ -91,7 +91,7 @@ def measure(backend, types: list[str], mib: int, rounds: int, threads: int) -> l
         type_ = GGMLType[name]
         for label, (m, k) in SHAPES.items():
             one = Context().new_tensor_2d(type_, k, m).nbytes
-            chain = ProductChain(backend, type_, m, k, max(1, mib * 2**20 // one))
+            chain = ProductChain(backend, type_, m, k, max(2, mib * 2**20 // one))
             try:
                 rates, shares = [], []
                 for _ in range(rounds):
