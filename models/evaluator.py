@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 # graphs kept built: prompts come in 35 padded shapes up to 512 tokens (batch.padded_size)
 # and many sequences decode in batches of every size up to their number
 _GRAPHS_KEPT = 48
+# up to this many tokens (a decode step's) are checked against the vocabulary in Python
+_FEW_TOKENS = 16
 
 
 @dataclass
@@ -187,10 +189,15 @@ class Evaluator(Resource):
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
             raise InvalidArgumentError("eval needs at least one token")
-        if tokens.min() < 0 or tokens.max() >= self.hp.n_vocab:
-            bad = int(tokens[(tokens < 0) | (tokens >= self.hp.n_vocab)][0])
+        n_vocab = self.hp.n_vocab
+        if tokens.size <= _FEW_TOKENS:   # a decode step's: numpy's two reductions cost more
+            in_range = all(0 <= t < n_vocab for t in tokens.tolist())
+        else:
+            in_range = tokens.min() >= 0 and tokens.max() < n_vocab
+        if not in_range:
+            bad = int(tokens[(tokens < 0) | (tokens >= n_vocab)][0])
             raise InvalidArgumentError(f"token id {bad} is outside the vocabulary "
-                                       f"[0, {self.hp.n_vocab})")
+                                       f"[0, {n_vocab})")
         return tokens.astype(np.int32)
 
     def _ubatch(self, batch: Batch) -> UBatch:

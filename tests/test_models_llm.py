@@ -240,8 +240,10 @@ def test_generate_reuses_the_cached_prefix(tmp_path):
 def test_context_limits_and_bad_tokens(tmp_path):
     path = write_test_model(tmp_path / "m.gguf", n_layer=1)
     with load(path, devices=[], n_ctx=256, progress=False) as m:
-        with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        with pytest.raises(InvalidArgumentError, match="token id 320 is outside the vocabulary"):
             m.eval([1, 320])
+        with pytest.raises(InvalidArgumentError, match="token id -1 is outside"):
+            m.eval(tokens_for(20) + [-1])        # more than a few: checked by numpy
         with pytest.raises(InvalidArgumentError, match="do not fit"):
             m.eval(tokens_for(257))
         with pytest.raises(InvalidArgumentError, match="no logits"):
