@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import polydev
-from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, ops
+from polydev import Context, GGMLType, alloc_ctx_tensors, build_graph, dequantize, ops
 from polydev.backends.cpu import native
 from polydev.backends.cpu.native import kernels
 from polydev.backends.cpu.replay import CallCode, CallRecord, NativeRun, ReplayPlan
@@ -156,6 +156,42 @@ def test_a_failing_call_stops_the_run_with_its_error(layer, rng):
     np.testing.assert_array_equal(layer.z.numpy(), want_z)
     assert not np.any(layer.cache.numpy())
     assert np.all(layer.out.numpy() == 7)
+
+
+def test_a_token_embedding_starts_the_run(fast_cpu, rng, monkeypatch):
+    """GET_ROWS of a Q6_K embedding then RMS_NORM: one run; each step's tokens give their
+    decoded rows, the embedding's rows read are counted for its file pages as the calls one
+    by one count them, and a token past the rows stops the run with the call's error."""
+    from polydev.backends.cpu.buffer import CPUBuffer
+
+    wctx, ctx = Context(), Context()
+    emb = wctx.new_tensor_2d(GGMLType.Q6_K, K, 40, name="token_embd")
+    tokens = ctx.new_tensor_1d(GGMLType.I32, 2, name="tokens")
+    rows = ops.get_rows(ctx, emb, tokens)
+    out = ops.rms_norm(ctx, rows, 1e-6)
+    wbuf = alloc_ctx_tensors(wctx, fast_cpu)
+    wbuf.usage = BufferUsage.WEIGHTS
+    buf = alloc_ctx_tensors(ctx, fast_cpu)
+    counted = []
+    monkeypatch.setattr(CPUBuffer, "rows_read", lambda self, offset, nbytes, n: counted.append(n))
+    plan = fast_cpu.graph_plan_create(build_graph(out))
+    try:
+        raw = random_blocks(rng, GGMLType.Q6_K, 40, K)
+        emb.set_data(raw)
+        assert [type(step) for step in plan.steps] == [NativeRun]
+        decoded = dequantize(raw, GGMLType.Q6_K).reshape(40, K)
+        for ids in ([3, 39], [0, 3]):
+            tokens.set_data(np.array(ids, np.int32))
+            fast_cpu.graph_plan_compute(plan)
+            np.testing.assert_array_equal(rows.numpy().reshape(2, K), decoded[ids])
+        assert counted == [2, 2]
+        tokens.set_data(np.array([1, 40], np.int32))
+        with pytest.raises(OutOfBoundsError, match=r"get_rows.*\[0, 40\)"):
+            fast_cpu.graph_plan_compute(plan)
+    finally:
+        fast_cpu.graph_plan_free(plan)
+        buf.close()
+        wbuf.close()
 
 
 def test_a_freed_plan_lets_go_of_its_calls_at_once(fast_cpu, rng):

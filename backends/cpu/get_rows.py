@@ -3,9 +3,11 @@ rows (a mixture of experts' router weights of the chosen experts).
 
 The array kernel gathers the rows' blocks and decodes them through numpy: for a decode step's
 one token about 0.18 ms at the 1B class. The compiled kernel checks every index, then decodes
-each row into the result with the same decoders as the products. A float32 row gather, ggml's
-batched form (each token's indices into its own rows), is a replayable call (native/row_ops.c),
-so a router keeps its layer's replay run whole.
+each row into the result with the same decoders as the products; it is a replayable call, so a
+decode step's plan is one run from its token embedding on (as a Python call it took about
+80 µs of a step, its caches cold). A float32 row gather, ggml's batched form (each token's
+indices into its own rows), is a replayable call too (native/row_ops.c), so a router keeps its
+layer's replay run whole.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from polydev.types import GGMLType
 
 from .buffer import CPUBuffer
 from .native import kernels, loaded_kernels
-from .native.arguments import GetF32RowsArguments, TensorWords
+from .native.arguments import GetF32RowsArguments, GetRowsArguments, TensorWords
 from .replay import CallCode, replayable
 
 
@@ -73,15 +75,23 @@ def _bind_block_rows(env, node: Tensor) -> Callable[[], None]:
     lib, a = kernels(), node.src[0]
     idx = env.view(node.src[1]).reshape(-1)
     d = env.view(node)[0, 0]                        # (n, ne0)
-    w, n_rows, k = env.rows(a).ctypes.data, a.ne[1], a.ne[0]
-    get_rows = lib.get_rows_f32
-    type_id, w_stride, d_stride = int(a.type), a.nb[1], d.strides[0] // 4
+    args = GetRowsArguments(type=int(a.type), w=env.rows(a).ctypes.data, w_stride=a.nb[1],
+                            n_src_rows=a.ne[1], idx=idx.ctypes.data, n_idx=idx.size,
+                            K=a.ne[0], dst=d.ctypes.data, dst_stride=d.strides[0] // 4)
+    get_rows, where, n_rows = lib.get_rows_f32_packed, args.address, a.ne[1]
     file_pages = a.buffer if isinstance(a.buffer, CPUBuffer) else None
 
     def run() -> None:
-        if get_rows(type_id, w, w_stride, n_rows, idx.ctypes.data, idx.size, k, d.ctypes.data,
-                    d_stride) >= 0:
+        if get_rows(where) != 0:
             check_indices(np, idx, n_rows, "get_rows")     # raises, with the range
-        if file_pages is not None:      # a tied embedding: its copy, not its file, stays
+            raise AssertionError("get_rows: the kernel refused indices that are in range")
+        count_rows()
+
+    def count_rows() -> bool:
+        """The replay's prepare (the call's bookkeeping, as it has no Python of its own
+        there): a tied embedding's rows read, for its file pages (CPUBuffer.rows_read)."""
+        if file_pages is not None:
             file_pages.rows_read(a.offset, a.nbytes, idx.size)
-    return run
+        return False
+    run.keep_alive = args
+    return replayable(run, CallCode.GET_ROWS, args, prepare=count_rows)

@@ -50,6 +50,7 @@ class CallCode(IntEnum):
     SUM_ROWS = 12
     CLAMP = 13
     GET_F32_ROWS = 14
+    GET_ROWS = 15
 
 
 class CallRecord(ctypes.Structure):

@@ -101,6 +101,7 @@ class NativeKernels:
         self.sum_rows_f32_packed = _entry(library.pd_sum_rows_f32_packed, [_ptr])
         self.clamp_f32_packed = _entry(library.pd_clamp_f32_packed, [_ptr, _f32, _f32])
         self.get_f32_rows_packed = _entry(library.pd_get_f32_rows_packed, [_ptr], _int)
+        self.get_rows_f32_packed = _entry(library.pd_get_rows_f32_packed, [_ptr], _int)
         # a run of bound calls (replay.c): the table's address, the first and the end index
         self.replay = _entry(library.pd_replay, [_ptr, _i64, _i64], _i64)
         self.get_rows_f32 = _entry(library.pd_get_rows_f32,

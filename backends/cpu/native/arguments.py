@@ -149,6 +149,14 @@ class RowArguments(PackedArguments):
     _fields_ = [("a", TensorWords), ("d", TensorWords), *_words("n_threads")]
 
 
+class GetRowsArguments(PackedArguments):
+    """GET_ROWS of block-format rows decoded to float32 (kernels.c)."""
+
+    C_FUNCTIONS = ("pd_get_rows_f32",)
+    _fields_ = _words("type", "w", "w_stride", "n_src_rows", "idx", "n_idx", "K", "dst",
+                      "dst_stride")
+
+
 class GetF32RowsArguments(PackedArguments):
     """GET_ROWS of float32 rows by int32 indices, ggml's batched form (row_ops.c)."""
 

@@ -766,6 +766,12 @@ void pd_rms_norm_f32_packed(const int64_t *a, float eps) {
     pd_rms_norm_f32(&src, &dst, eps, (int)a[2 * TENSOR_WORDS]);
 }
 
+/* 0, or 1 for an index outside the weight's rows (nothing written then) */
+int pd_get_rows_f32_packed(const int64_t *a) {
+    return pd_get_rows_f32((int)a[0], P_PTR(1), a[2], a[3], (const int32_t *)P_PTR(4), a[5], a[6],
+                           (float *)P_PTR(7), a[8]) < 0 ? 0 : 1;
+}
+
 int pd_set_rows_f32_packed(const int64_t *a) {
     const pd_tensor src = tensor_at(a), dst = tensor_at(a + TENSOR_WORDS);
     const pd_tensor idx = tensor_at(a + 2 * TENSOR_WORDS);
