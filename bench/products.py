@@ -31,7 +31,8 @@ from polydev.types import random_blocks
 
 from bandwidth import median_bandwidth  # bench/
 
-SHAPES = {"ffn 5632x2048": (5632, 2048), "attn 2048x2048": (2048, 2048)}   # label: M, K
+SHAPES = {"ffn 5632x2048": (5632, 2048), "attn 2048x2048": (2048, 2048),   # label: M, K
+          "kv 512x2048": (512, 2048)}
 TYPES = ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 REPS = 9
 
