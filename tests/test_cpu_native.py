@@ -170,12 +170,44 @@ def test_kernels_match_the_numpy_path(cpu, rng):
         buf.close()
 
 
+def _rope_float64(x, pos, ff, mode, n_dims, freq_base, freq_scale, ext_factor, attn_factor,
+                  beta_fast, beta_slow, n_ctx_orig):
+    """ROPE of x [tokens, heads, channels] in float64 from ggml's float32 angles (its running
+    product p s^i, frequency factors, YaRN's ramp and magnitude scale: at position 5000 the
+    float32 angle itself is off by up to 2e-4 rad, which ggml and both kernels share), the
+    first n_dims channels turned, the rest kept."""
+    from polydev.ops import yarn_corr_dims, yarn_mscale, yarn_ramp_width
+
+    half, f32_ = n_dims // 2, np.float32
+    scale = f32_(freq_base) ** f32_(-2.0 / n_dims)
+    extrap = np.empty((pos.size, half), np.float32)
+    extrap[:, 0] = pos
+    for i in range(1, half):
+        extrap[:, i] = extrap[:, i - 1] * scale
+    extrap /= ff[:half]
+    low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    ramp = (np.arange(half, dtype=np.float32) - f32_(low)) / f32_(yarn_ramp_width(low, high))
+    mix = (1 - np.minimum(1, np.maximum(0, ramp))) * f32_(ext_factor)
+    theta = (extrap * f32_(freq_scale)) * (1 - mix) + extrap * mix          # float32
+    mscale = float(yarn_mscale(attn_factor, freq_scale, ext_factor))
+    theta = theta.astype(np.float64)
+    cos, sin = (np.cos(theta) * mscale)[:, None], (np.sin(theta) * mscale)[:, None]
+    y = x.astype(np.float64).copy()
+    pairs = (slice(0, half), slice(half, n_dims)) if mode == RopeMode.NEOX else (
+        slice(0, n_dims, 2), slice(1, n_dims, 2))
+    x0, x1 = y[..., pairs[0]].copy(), y[..., pairs[1]].copy()
+    y[..., pairs[0]] = x0 * cos - x1 * sin
+    y[..., pairs[1]] = x0 * sin + x1 * cos
+    return y
+
+
 @pytest.mark.parametrize("mode", [RopeMode.NORMAL, RopeMode.NEOX], ids=["normal", "neox"])
 @pytest.mark.parametrize("inplace", [False, True])
-def test_rope_equals_the_array_kernel(cpu, rng, mode, inplace):
-    """The compiled rotation gives the array kernel's bits: rows of a strided view (every
-    other head of a bigger tensor), 24 of 40 channels rotated (the rest copied), YaRN and
-    frequency factors."""
+def test_rope_against_float64_and_the_array_kernel(cpu, rng, mode, inplace):
+    """The compiled ROPE (its angles computed in C) over rows of a strided view (every other
+    head of a bigger tensor), 24 of 40 channels turned and the rest copied, with YaRN and
+    frequency factors: within a few float32 roundings of float64, and of the array kernel
+    (whose numpy float32 cos and sin are an ulp off more often than libm's)."""
     from polydev.backends.array.rope import bind_rope
     from polydev.backends.cpu.rope import native_rope_ok
 
@@ -184,20 +216,65 @@ def test_rope_equals_the_array_kernel(cpu, rng, mode, inplace):
     x = ctx.view_3d(big, 40, 3, 5, 2 * big.nb[1], big.nb[2], 0)
     pos = ctx.new_tensor(GGMLType.I32, (5,))
     ff = ctx.new_tensor(GGMLType.F32, (12,))
-    out = ops.rope_ext(ctx, x, pos, ff, 24, mode, 4096, 50000.0, 0.5, 1.0, 0.9, 32.0, 1.0,
-                       inplace=inplace)
+    yarn = (4096, 50000.0, 0.5, 1.0, 0.9, 32.0, 1.0)
+    out = ops.rope_ext(ctx, x, pos, ff, 24, mode, *yarn, inplace=inplace)
     buf = polydev.alloc_ctx_tensors(ctx, cpu)
     try:
         values = f32(rng, (5, 6, 40))
-        pos.set_data(np.array([0, 7, 300, 2047, 5000], np.int32))
-        ff.set_data(rng.uniform(1.0, 3.0, 12).astype(np.float32))
+        positions = np.array([0, 7, 300, 2047, 5000], np.int32)
+        factors = rng.uniform(1.0, 3.0, 12).astype(np.float32)
+        pos.set_data(positions)
+        ff.set_data(factors)
         assert native_rope_ok(out)
         results = []
         for bind in (cpu.bind, lambda node: bind_rope(cpu.env, node)):
             big.set_data(values)
             bind(out)()
-            results.append(out.numpy().copy())
-        np.testing.assert_array_equal(results[0], results[1])
+            results.append(out.numpy().reshape(5, 3, 40).copy())
+        n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = yarn
+        want = _rope_float64(values[:, 0::2], positions, factors, mode, 24, freq_base,
+                             freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                             n_ctx_orig)
+        scale = np.abs(values[:, 0::2]).max()
+        np.testing.assert_allclose(results[0], want, rtol=0, atol=4e-6 * scale)
+        np.testing.assert_array_equal(results[0][..., 24:], values[:, 0::2, 24:])
+        np.testing.assert_allclose(results[0], results[1], rtol=0, atol=2e-6 * scale)
+        # the compiled angles nearer float64 than numpy's, over these 5 x 12 angles
+        assert (np.abs(results[0] - want).max() <= np.abs(results[1] - want).max())
+    finally:
+        buf.close()
+
+
+def test_ropes_of_a_step_share_their_angles_and_follow_new_positions(cpu, rng):
+    """Two ROPEs of one graph (Q's and K's) share one angle table: the first to run with new
+    positions fills it, and each step's positions turn both as the array kernel turns them
+    alone (one table refilled, not one left stale)."""
+    from polydev.backends.array.rope import bind_rope
+
+    ctx = polydev.Context()
+    q = ctx.new_tensor(GGMLType.F32, (16, 4, 2))
+    k = ctx.new_tensor(GGMLType.F32, (16, 2, 2))
+    pos = ctx.new_tensor(GGMLType.I32, (2,))
+    rq = ops.rope_ext(ctx, q, pos, None, 16, RopeMode.NEOX, 4096, 10000.0, 1.0, 0.0, 1.0,
+                      32.0, 1.0)
+    rk = ops.rope_ext(ctx, k, pos, None, 16, RopeMode.NEOX, 4096, 10000.0, 1.0, 0.0, 1.0,
+                      32.0, 1.0)
+    buf = polydev.alloc_ctx_tensors(ctx, cpu)
+    try:
+        calls = [cpu.bind(rq), cpu.bind(rk)]
+        assert calls[0].keep_alive[1] is calls[1].keep_alive[1]          # one table
+        reference = [bind_rope(cpu.env, rq), bind_rope(cpu.env, rk)]
+        for step in range(3):
+            q.set_data(f32(rng, (2, 4, 16)))
+            k.set_data(f32(rng, (2, 2, 16)))
+            pos.set_data(np.array([2 * step, 2 * step + 1], np.int32))
+            for call in calls:
+                call()
+            got = [rq.numpy().copy(), rk.numpy().copy()]
+            for call in reference:
+                call()
+            for mine, theirs in zip(got, (rq.numpy(), rk.numpy())):
+                np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5)
     finally:
         buf.close()
 

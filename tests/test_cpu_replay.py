@@ -224,4 +224,4 @@ def test_the_call_codes_and_record_are_replay_c_s():
     code = [line.split("/*")[0] for line in fields.splitlines()]
     names = [name for line in code for name in re.findall(r"(\w+)[,;]", line)]
     assert names == [name for name, _ in CallRecord._fields_]
-    assert ctypes.sizeof(CallRecord) == 40
+    assert ctypes.sizeof(CallRecord) == 24

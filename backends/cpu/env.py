@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -39,6 +40,9 @@ class NumpyEnv:
         self.numerics = DEFAULT_NUMERICS                # see polydev.numerics
         self._scratch = np.empty(0, dtype=np.float32)
         self._memo: dict[Hashable, tuple[tuple, Any]] = {}
+        # what the bound calls of this stream share, kept while one of them holds it (the angle
+        # tables of a step's ROPEs)
+        self.shared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def memo(self, key: Hashable, inputs: tuple, compute: Callable[[], Any]) -> Any:
         """``compute()``, reused while the arrays in ``inputs`` hold the values they held when

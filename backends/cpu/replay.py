@@ -55,10 +55,10 @@ class CallCode(IntEnum):
 
 class CallRecord(ctypes.Structure):
     """One replayed call (``pd_call``): its code, its argument record's address, and the
-    float and pointer arguments its entry point takes beside the record."""
+    float arguments its entry point takes beside the record."""
 
     _fields_ = [("op", ctypes.c_int64), ("args", ctypes.c_int64), ("f0", ctypes.c_float),
-                ("f1", ctypes.c_float), ("p0", ctypes.c_int64), ("p1", ctypes.c_int64)]
+                ("f1", ctypes.c_float)]
 
 
 class NativeCall:
@@ -71,7 +71,7 @@ class NativeCall:
 
     def __init__(self, code: CallCode, args: ctypes.Structure, f0: float = 0.0, f1: float = 0.0,
                  prepare: Prepare | None = None) -> None:
-        self.record = CallRecord(int(code), ctypes.addressof(args), f0, f1, 0, 0)
+        self.record = CallRecord(int(code), ctypes.addressof(args), f0, f1)
         self.args, self.prepare = args, prepare
 
 

@@ -83,7 +83,7 @@ class NativeKernels:
         # the packed entry points of bound calls, each given its record's address (arguments.py)
         self.mul_mat_packed = _entry(library.pd_mul_mat_packed, [_ptr])
         self.flash_attn_f16_packed = _entry(library.pd_flash_attn_f16_packed, [_ptr, _f32, _f32])
-        self.rope_f32_packed = _entry(library.pd_rope_f32_packed, [_ptr, _ptr, _ptr])
+        self.rope_f32_packed = _entry(library.pd_rope_f32_packed, [_ptr])
         self.rms_norm_f32_packed = _entry(library.pd_rms_norm_f32_packed, [_ptr, _f32])
         self.set_rows_f32_packed = _entry(library.pd_set_rows_f32_packed, [_ptr], _int)
         self.mul_mat_int16_packed = _entry(library.pd_mul_mat_int16_packed, [_ptr], _int)

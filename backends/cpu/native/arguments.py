@@ -6,9 +6,8 @@ int64 words, in the order of the unpacked C function's parameters, and a call co
 one address through ctypes instead of each argument (about 0.3 µs apiece). A record here is
 that array with a name per word: its fields are named as the C parameters they carry, so a
 binder writes ``args.p = ...`` where it would patch ``args[1]``, and the test of the records
-checks the names and their order against the C sources. Float arguments, and pointers that
-change every step (ROPE's angle tables), are passed beside the record, as the packed function
-declares them.
+checks the names and their order against the C sources. Float arguments are passed beside the
+record, as the packed function declares them.
 
 A pointer is stored as its address (0 for NULL). The caller keeps the record alive for as long
 as the bound call may run: the C side reads the record's own memory.
@@ -23,8 +22,9 @@ import numpy as np
 
 __all__ = ["PackedArguments", "TensorWords", "address_of", "MulMatArguments",
            "MulMatInterleavedArguments", "MulMatIdInterleavedArguments", "GluArguments",
-           "RopeArguments", "RmsNormArguments", "SetRowsArguments", "FlashAttnArguments",
-           "BinaryArguments", "RowArguments", "GetF32RowsArguments"]
+           "RopeArguments", "RopeAngles", "RmsNormArguments", "SetRowsArguments",
+           "FlashAttnArguments", "BinaryArguments", "RowArguments", "GetRowsArguments",
+           "GetF32RowsArguments"]
 
 _word = ctypes.c_int64
 _four_words = ctypes.c_int64 * 4
@@ -100,11 +100,25 @@ class GluArguments(PackedArguments):
 
 
 class RopeArguments(PackedArguments):
-    """ROPE of float32 rows (kernels.c); the angle tables are passed beside the record."""
+    """ROPE of float32 rows (kernels.c), turned by the angles of a RopeAngles."""
 
     C_FUNCTIONS = ("pd_rope_f32",)
     _fields_ = [("a", TensorWords), ("d", TensorWords),
-                *_words("n_offs", "half", "neox", "copy_rest")]
+                *_words("n_offs", "half", "neox", "copy_rest", "angles")]
+
+
+class RopeAngles(ctypes.Structure):
+    """The angle tables the ROPEs of a step share (``pd_rope_angles`` in kernels.c, field by
+    field): the positions and parameters they are computed from, the tables, and the
+    positions they hold (``seen``, where ``valid``), which the kernel compares to decide
+    whether to compute them again."""
+
+    _fields_ = [("pos", ctypes.c_void_p), ("n_tokens", ctypes.c_int64), ("half", ctypes.c_int64),
+                ("freq_factors", ctypes.c_void_p), ("ramp_mix", ctypes.c_void_p),
+                ("theta_scale", ctypes.c_float), ("freq_scale", ctypes.c_float),
+                ("mscale", ctypes.c_float), ("unused", ctypes.c_float),
+                ("cos_t", ctypes.c_void_p), ("sin_t", ctypes.c_void_p), ("seen", ctypes.c_void_p),
+                ("valid", ctypes.c_int64)]
 
 
 class RmsNormArguments(PackedArguments):

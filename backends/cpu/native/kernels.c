@@ -627,14 +627,57 @@ void pd_f16_to_f32(const uint8_t *src, int64_t n0, int64_t n1, int64_t s1, int64
             }
 }
 
-/* ROPE of float32 rows in the normal (pairs 2p, 2p+1) or NeoX (pairs p, p + half) mode, from
- * angles computed once per step: cos/sin[i2 * half + p] for token i2. The same float32
- * operations as the array kernel (x0 cos - x1 sin, x0 sin + x1 cos, nothing fused), so the
- * results are equal. Strides in bytes; a and d may be the same memory (each pair is read
- * before it is written). Channels outside [n_offs, n_offs + 2 half) are copied when
- * copy_rest is set. */
+/* The angles of a ROPE's tokens, shared by the ROPEs of a step that read the same positions
+ * with the same parameters (the normal and NeoX modes: one position per token). */
+typedef struct {
+    const int32_t *pos;            /* [n_tokens] */
+    int64_t n_tokens, half;
+    const float *freq_factors;     /* [half], or 0 */
+    const float *ramp_mix;         /* [half]: YaRN's extrapolation share per pair, or 0 */
+    float theta_scale, freq_scale, mscale, unused;
+    float *cos_t, *sin_t;          /* [n_tokens][half], times mscale */
+    int32_t *seen;                 /* [n_tokens + half]: the positions (and the frequency
+                                    * factors' bits) cos_t and sin_t are for */
+    int64_t valid;                 /* whether they are for any */
+} pd_rope_angles;
+
+/* Fill t's tables for its positions, unless they hold them already (the first ROPE of a step
+ * computes them, the others compare the positions and factors). Each angle takes the array kernel's
+ * float32 operations in its order (ggml's): the running product p s^i as p, p s, (p s) s, ...,
+ * divided by the frequency factor, times freq_scale, mixed by YaRN's ramp; cos and sin are
+ * libm's cosf and sinf, as ggml's, where numpy's float32 ones differ from the correctly
+ * rounded value in about 1 case in 7 by an ulp. */
+static void rope_angles(pd_rope_angles *t) {
+    const int64_t n = t->n_tokens, half = t->half, ff_bytes = t->freq_factors ? 4 * half : 0;
+    if (t->valid && memcmp(t->seen, t->pos, sizeof(int32_t) * n) == 0
+        && (!ff_bytes || memcmp(t->seen + n, t->freq_factors, ff_bytes) == 0))
+        return;
+    for (int64_t i = 0; i < n; i++) {
+        float running = (float)t->pos[i];
+        float *c = t->cos_t + i * half, *s = t->sin_t + i * half;
+        for (int64_t p = 0; p < half; p++, running *= t->theta_scale) {
+            const float extrap = t->freq_factors ? running / t->freq_factors[p] : running;
+            float theta = extrap * t->freq_scale;
+            if (t->ramp_mix)
+                theta = theta * (1.0f - t->ramp_mix[p]) + extrap * t->ramp_mix[p];
+            c[p] = cosf(theta) * t->mscale;
+            s[p] = sinf(theta) * t->mscale;
+        }
+    }
+    memcpy(t->seen, t->pos, sizeof(int32_t) * n);
+    if (ff_bytes) memcpy(t->seen + n, t->freq_factors, ff_bytes);
+    t->valid = 1;
+}
+
+/* ROPE of float32 rows in the normal (pairs 2p, 2p+1) or NeoX (pairs p, p + half) mode, token
+ * i2 turned by the angles of its position (`angles`). The rotation is the array kernel's
+ * float32 operations (x0 cos - x1 sin, x0 sin + x1 cos, nothing fused). Strides in bytes; a
+ * and d may be the same memory (each pair is read before it is written). Channels outside
+ * [n_offs, n_offs + 2 half) are copied when copy_rest is set. */
 void pd_rope_f32(const pd_tensor *a, const pd_tensor *d, int64_t n_offs, int64_t half,
-                 int neox, int copy_rest, const float *cos_t, const float *sin_t) {
+                 int neox, int copy_rest, pd_rope_angles *angles) {
+    rope_angles(angles);
+    const float *cos_t = angles->cos_t, *sin_t = angles->sin_t;
     int64_t step = neox ? 1 : 2, other = neox ? half : 1;
     for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
         for (int64_t i2 = 0; i2 < d->ne[2]; i2++) {
@@ -755,10 +798,10 @@ void pd_mul_mat_packed(const int64_t *a) {
 }
 
 
-void pd_rope_f32_packed(const int64_t *a, const float *cos_t, const float *sin_t) {
+void pd_rope_f32_packed(const int64_t *a) {
     const pd_tensor src = tensor_at(a), dst = tensor_at(a + TENSOR_WORDS);
     const int64_t *p = a + 2 * TENSOR_WORDS;
-    pd_rope_f32(&src, &dst, p[0], p[1], (int)p[2], (int)p[3], cos_t, sin_t);
+    pd_rope_f32(&src, &dst, p[0], p[1], (int)p[2], (int)p[3], (pd_rope_angles *)(intptr_t)p[4]);
 }
 
 void pd_rms_norm_f32_packed(const int64_t *a, float eps) {

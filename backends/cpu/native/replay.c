@@ -5,9 +5,9 @@
  * and ctypes time, which on a decode step of a 1B-class model (some 230 calls) was 5% of the
  * step, and more of a smaller model's. Here a run of bound calls is an array of pd_call, one
  * per call, each naming its kernel by a code (never a function pointer from Python) and
- * carrying its record's address and the float and pointer arguments its entry point takes
- * beside the record. The caller rewrites a call's words in place when they change (ROPE's
- * angle tables each step, an interleaved copy made again).
+ * carrying its record's address and the float arguments its entry point takes beside the
+ * record. The caller rewrites a record's words in place when they change (an interleaved copy
+ * made again).
  */
 #include <stdint.h>
 
@@ -15,7 +15,6 @@ typedef struct {
     int64_t op;          /* PD_CALL_* */
     int64_t args;        /* the record's address */
     float f0, f1;        /* float arguments beside the record */
-    int64_t p0, p1;      /* pointer arguments beside the record */
 } pd_call;
 
 enum {
@@ -41,7 +40,7 @@ void pd_mul_mat_packed(const int64_t *a);
 int pd_mul_mat_int16_packed(const int64_t *a);
 int pd_mul_mat_interleaved_packed(const int64_t *a);
 int pd_mul_mat_id_interleaved_packed(const int64_t *a);
-void pd_rope_f32_packed(const int64_t *a, const float *cos_t, const float *sin_t);
+void pd_rope_f32_packed(const int64_t *a);
 void pd_rms_norm_f32_packed(const int64_t *a, float eps);
 int pd_set_rows_f32_packed(const int64_t *a);
 void pd_flash_attn_f16_packed(const int64_t *a, float scale, float softcap);
@@ -63,9 +62,7 @@ static int run_call(const pd_call *c) {
     case PD_CALL_MUL_MAT_INT16: return pd_mul_mat_int16_packed(a);
     case PD_CALL_MUL_MAT_INTERLEAVED: return pd_mul_mat_interleaved_packed(a);
     case PD_CALL_MUL_MAT_ID_INTERLEAVED: return pd_mul_mat_id_interleaved_packed(a);
-    case PD_CALL_ROPE:
-        pd_rope_f32_packed(a, (const float *)(intptr_t)c->p0, (const float *)(intptr_t)c->p1);
-        return 0;
+    case PD_CALL_ROPE: pd_rope_f32_packed(a); return 0;
     case PD_CALL_RMS_NORM: pd_rms_norm_f32_packed(a, c->f0); return 0;
     case PD_CALL_SET_ROWS: return pd_set_rows_f32_packed(a);
     case PD_CALL_FLASH_ATTN: pd_flash_attn_f16_packed(a, c->f0, c->f1); return 0;
