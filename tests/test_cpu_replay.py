@@ -103,6 +103,30 @@ def test_a_rewritten_weight_is_read_by_the_replay(layer, rng):
     np.testing.assert_array_equal(after, layer(x, 1, replayed=False))
 
 
+def test_copies_are_asked_again_only_when_the_cache_or_weights_changed(layer, rng,
+                                                                        monkeypatch):
+    """While the weight cache and the weights' buffer keep their versions, a run's copies are
+    not asked again (the prepares of dozens of copies cost a decode step tens of µs); a
+    rewrite of the weight asks them, and the replay reads the new copy."""
+    from polydev.backends.cpu.interleaved import CopyAddress
+
+    x = f32(rng, (1, K))
+    layer(x, 0)
+    asked = []
+    original = CopyAddress.__call__
+
+    def counted(self) -> bool:
+        asked.append(self)
+        return original(self)
+    monkeypatch.setattr(CopyAddress, "__call__", counted)
+    layer(x, 1)
+    assert asked == []
+    layer.w.set_data(random_blocks(rng, GGMLType.Q4_K, M, K))
+    got = layer(x, 1)
+    assert asked
+    np.testing.assert_array_equal(got, layer(x, 1, replayed=False))
+
+
 def test_copies_that_evict_each_other_run_one_by_one(fast_cpu, rng, monkeypatch):
     """Two products whose interleaved copies the cache cannot hold together: every compute
     makes them again, so the run falls back to calls one by one, each taking its copy as it

@@ -67,6 +67,11 @@ class CopyAddress:
         self._seen = (cache.version, self._buffer.generation)
         return cache.version != before
 
+    def watched(self) -> tuple:
+        """The weight cache and the buffer whose versions this prepare compares: while
+        neither changed since a pass left it as it was, calling it changes nothing."""
+        return self._cache, self._buffer
+
     def release(self) -> None:
         """Let go of the copy (the next call asks the cache again)."""
         self._held, self._seen = None, None
