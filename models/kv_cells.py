@@ -36,6 +36,7 @@ class KVCells:
         self.pos = np.full(size, -1, dtype=np.int32)
         self.seqs = np.zeros(size, dtype=np.uint64)
         self.shift = np.zeros(size, dtype=np.int32)     # how far each cell's key must turn
+        self._shifted = False                           # whether seq_add set any since
         self._end = 0                                   # 1 + the last cell in use
         # seq_pos_max's answers, kept up to date by assign and forgotten by every other change
         # (_release, seq_cp, clear): each step asks it of its sequences, and over the cells it
@@ -55,7 +56,9 @@ class KVCells:
 
     @property
     def has_shift(self) -> bool:
-        return bool(self.shift[:self._end].any())
+        # only seq_add sets shifts: a step asks this, and the look over the cells took it
+        # about 30 µs on a slow host
+        return self._shifted and bool(self.shift[:self._end].any())
 
     @property
     def end(self) -> int:
@@ -147,6 +150,7 @@ class KVCells:
             return
         self.pos[moving] += delta
         self.shift[moving] += delta
+        self._shifted = True
         self.seqs[moving & (self.pos < 0)] = 0
         self._release()
 
@@ -155,6 +159,7 @@ class KVCells:
         are being turned by them)."""
         shift = self.shift[:self._end].copy()
         self.shift.fill(0)
+        self._shifted = False
         return shift
 
     def seq_pos_max(self, seq_id: int) -> int:
@@ -180,6 +185,7 @@ class KVCells:
         self.pos.fill(-1)
         self.seqs.fill(0)
         self.shift.fill(0)
+        self._shifted = False
         self._end = 0
 
     # --- helpers ----------------------------------------------------------------------------
