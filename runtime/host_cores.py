@@ -6,7 +6,9 @@ spin depends on who else needs the cores: alone, a thread that outlasts the Pyth
 decode steps is awake when the next step's first kernel starts; beside a driver that computes
 on the same cores (an OpenCL CPU device such as PoCL), a spinning thread holds a core that
 driver's threads need when the scheduler switches to its layers. A backend on such a device
-says so here as it opens; the CPU kernels read it as they load (``backends/cpu/native``).
+says so here as it opens; the CPU kernels read it as they load (``backends/cpu/native``). A
+model's loader opens its OpenCL backends before the CPU's; a process that ran the CPU kernels
+before it opened one keeps the longer spin (libgomp read it once), unless GOMP_SPINCOUNT says.
 """
 
 from __future__ import annotations

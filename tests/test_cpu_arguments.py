@@ -37,7 +37,7 @@ def test_every_record_is_checked():
 @pytest.mark.parametrize("record", RECORDS, ids=lambda cls: cls.__name__)
 def test_fields_are_the_c_parameters_in_order(record):
     """The C function's parameters, less those its packed entry point takes beside the
-    record (floats, per-step pointers), are the record's fields."""
+    record (floats), are the record's fields."""
     assert record.C_FUNCTIONS
     for function in record.C_FUNCTIONS:
         beside = _parameters(f"{function}_packed")[1:]          # after the record itself
@@ -67,3 +67,13 @@ def test_a_field_set_by_name_is_the_word_the_kernel_reads():
     args.p = 0xDEADBEEF000
     words = (ctypes.c_int64 * _words(type(args))).from_address(args.address)
     assert list(words)[:4] == [12, 0xDEADBEEF000, 16, 256]
+
+
+def test_the_rope_angles_are_kernels_c_s_struct():
+    """RopeAngles is kernels.c's pd_rope_angles, field by field, with no padding between."""
+    fields = re.search(r"typedef struct \{([^}]*)\} pd_rope_angles;", C_SOURCE).group(1)
+    code = re.sub(r"/\*.*?\*/", "", fields, flags=re.S)
+    names = re.findall(r"(\w+)\s*[,;]", code)
+    assert names == [name for name, _ in arguments.RopeAngles._fields_]
+    assert ctypes.sizeof(arguments.RopeAngles) == sum(
+        ctypes.sizeof(kind) for _, kind in arguments.RopeAngles._fields_) == 88

@@ -246,35 +246,45 @@ def test_rope_against_float64_and_the_array_kernel(cpu, rng, mode, inplace):
 
 
 def test_ropes_of_a_step_share_their_angles_and_follow_new_positions(cpu, rng):
-    """Two ROPEs of one graph (Q's and K's) share one angle table: the first to run with new
-    positions fills it, and each step's positions turn both as the array kernel turns them
-    alone (one table refilled, not one left stale)."""
+    """Two ROPEs of one graph with the same positions and parameters (Q's and K's) share one
+    angle table, and a third with another base and frequency factors (a gemma-3 global layer
+    beside its local ones, say) has its own: each step's positions, and factors rewritten in
+    place, turn all three as the array kernel turns each alone (no table left stale)."""
     from polydev.backends.array.rope import bind_rope
 
     ctx = polydev.Context()
     q = ctx.new_tensor(GGMLType.F32, (16, 4, 2))
     k = ctx.new_tensor(GGMLType.F32, (16, 2, 2))
     pos = ctx.new_tensor(GGMLType.I32, (2,))
-    rq = ops.rope_ext(ctx, q, pos, None, 16, RopeMode.NEOX, 4096, 10000.0, 1.0, 0.0, 1.0,
-                      32.0, 1.0)
-    rk = ops.rope_ext(ctx, k, pos, None, 16, RopeMode.NEOX, 4096, 10000.0, 1.0, 0.0, 1.0,
-                      32.0, 1.0)
+    ff = ctx.new_tensor(GGMLType.F32, (8,))
+    yarn = (4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    ropes = [ops.rope_ext(ctx, q, pos, None, 16, RopeMode.NEOX, *yarn),
+             ops.rope_ext(ctx, k, pos, None, 16, RopeMode.NEOX, *yarn),
+             ops.rope_ext(ctx, k, pos, ff, 16, RopeMode.NEOX, 4096, 1e6, 1.0, 0.0, 1.0,
+                          32.0, 1.0)]
     buf = polydev.alloc_ctx_tensors(ctx, cpu)
     try:
-        calls = [cpu.bind(rq), cpu.bind(rk)]
-        assert calls[0].keep_alive[1] is calls[1].keep_alive[1]          # one table
-        reference = [bind_rope(cpu.env, rq), bind_rope(cpu.env, rk)]
+        calls = [cpu.bind(r) for r in ropes]
+        tables = [call.keep_alive[1] for call in calls]
+        assert tables[0] is tables[1] and tables[2] is not tables[0]
+        reference = [bind_rope(cpu.env, r) for r in ropes]
         for step in range(3):
             q.set_data(f32(rng, (2, 4, 16)))
             k.set_data(f32(rng, (2, 2, 16)))
-            pos.set_data(np.array([2 * step, 2 * step + 1], np.int32))
-            for call in calls:
+            pos.set_data(np.array([2 * step, 2 * step + 1000], np.int32))
+            ff.set_data(rng.uniform(1.0, 4.0, 8).astype(np.float32))
+            got = []
+            for call, rope in zip(calls, ropes):
                 call()
-            got = [rq.numpy().copy(), rk.numpy().copy()]
-            for call in reference:
+                got.append(rope.numpy().copy())
+            for call, rope, mine in zip(reference, ropes, got):
                 call()
-            for mine, theirs in zip(got, (rq.numpy(), rk.numpy())):
-                np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5)
+                np.testing.assert_allclose(mine, rope.numpy(), rtol=0, atol=2e-5)
+        ff.set_data(rng.uniform(1.0, 4.0, 8).astype(np.float32))    # the factors alone
+        calls[2]()
+        mine = ropes[2].numpy().copy()
+        reference[2]()
+        np.testing.assert_allclose(mine, ropes[2].numpy(), rtol=0, atol=2e-5)
     finally:
         buf.close()
 

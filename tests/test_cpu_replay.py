@@ -89,7 +89,7 @@ def test_a_layer_is_one_run_equal_to_its_calls_one_by_one(layer, rng):
     assert len(runs) == 1 and len(runs[0].calls) == len(layer.plan.calls)
     for row in (0, 3):
         x = f32(rng, (1, K))
-        replayed = layer(x, row, position=row)          # each step its own angle tables
+        replayed = layer(x, row, position=row)          # each step's positions turn it
         np.testing.assert_array_equal(replayed, layer(x, row, replayed=False, position=row))
         assert np.any(replayed[row] != 0) and not np.any(np.delete(replayed, row, axis=0))
 
@@ -183,16 +183,18 @@ def test_a_failing_call_stops_the_run_with_its_error(layer, rng):
 
 
 def test_a_token_embedding_starts_the_run(fast_cpu, rng, monkeypatch):
-    """GET_ROWS of a Q6_K embedding then RMS_NORM: one run; each step's tokens give their
-    decoded rows, the embedding's rows read are counted for its file pages as the calls one
-    by one count them, and a token past the rows stops the run with the call's error."""
+    """GET_ROWS of a Q6_K embedding, RMS_NORM and a Q4_K product: one run; each step's tokens
+    give their decoded rows, the embedding's rows read are counted once a step for its file
+    pages (the first step's prepares take two passes, as the product's copy is made), and a
+    token past the rows stops the run with the call's error."""
     from polydev.backends.cpu.buffer import CPUBuffer
 
     wctx, ctx = Context(), Context()
     emb = wctx.new_tensor_2d(GGMLType.Q6_K, K, 40, name="token_embd")
+    w = wctx.new_tensor_2d(GGMLType.Q4_K, K, M, name="w")
     tokens = ctx.new_tensor_1d(GGMLType.I32, 2, name="tokens")
     rows = ops.get_rows(ctx, emb, tokens)
-    out = ops.rms_norm(ctx, rows, 1e-6)
+    out = ops.mul_mat(ctx, w, ops.rms_norm(ctx, rows, 1e-6))
     wbuf = alloc_ctx_tensors(wctx, fast_cpu)
     wbuf.usage = BufferUsage.WEIGHTS
     buf = alloc_ctx_tensors(ctx, fast_cpu)
@@ -202,6 +204,7 @@ def test_a_token_embedding_starts_the_run(fast_cpu, rng, monkeypatch):
     try:
         raw = random_blocks(rng, GGMLType.Q6_K, 40, K)
         emb.set_data(raw)
+        w.set_data(random_blocks(rng, GGMLType.Q4_K, M, K))
         assert [type(step) for step in plan.steps] == [NativeRun]
         decoded = dequantize(raw, GGMLType.Q6_K).reshape(40, K)
         for ids in ([3, 39], [0, 3]):

@@ -28,12 +28,13 @@ def tokens_for(n: int, seed: int, n_vocab: int = 320) -> list[int]:
 
 class NaiveCells:
     def __init__(self, size: int) -> None:
-        self.size, self.cells = size, {}
+        self.size, self.cells, self.shift = size, {}, {}
 
     def place(self, n, positions, seqs):
         free = [i for i in range(self.size) if i not in self.cells][:n]
         for cell, pos, seq in zip(free, positions, seqs):
             self.cells[cell] = (pos, {seq})
+            self.shift.pop(cell, None)        # a new token's key has nothing to turn
         return free
 
     def seq_rm(self, seq, p0, p1):
@@ -55,6 +56,24 @@ class NaiveCells:
             else:
                 del self.cells[cell]
 
+    def seq_add(self, seq, p0, p1, delta):
+        """False (nothing moved) where a moving cell is shared."""
+        moving = [cell for cell, (pos, owners) in self.cells.items()
+                  if seq in owners and pos >= p0 and (p1 < 0 or pos < p1)]
+        if any(self.cells[cell][1] != {seq} for cell in moving):
+            return False
+        for cell in moving:
+            pos, owners = self.cells[cell]
+            if pos + delta < 0:
+                del self.cells[cell]
+            else:
+                self.cells[cell] = (pos + delta, owners)
+                self.shift[cell] = self.shift.get(cell, 0) + delta
+        return True
+
+    def has_shift(self):
+        return any(self.shift.get(cell, 0) for cell in self.cells)
+
     def allowed(self, pos, seq, n_kv, window):
         return [i in self.cells and seq in self.cells[i][1] and self.cells[i][0] <= pos
                 and (not window or self.cells[i][0] > pos - window) for i in range(n_kv)]
@@ -65,6 +84,10 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("rm"), st.integers(-1, 3), st.integers(0, 8), st.integers(-1, 12)),
     st.tuples(st.just("cp"), st.integers(0, 3), st.integers(0, 3), st.integers(0, 8)),
     st.tuples(st.just("keep"), st.integers(0, 3)),
+    st.tuples(st.just("add"), st.integers(0, 3), st.integers(0, 8), st.integers(-1, 12),
+              st.integers(-6, 6)),
+    st.tuples(st.just("clear")),
+    st.tuples(st.just("take_shift")),
 ), max_size=25)
 
 
@@ -90,10 +113,23 @@ def test_cells_and_masks_follow_the_sequences(ops_, window):
         elif op[0] == "cp":
             cells.seq_cp(op[1], op[2], 0, op[3])
             naive.seq_cp(op[1], op[2], 0, op[3])
+        elif op[0] == "add":
+            if naive.seq_add(*op[1:]):
+                cells.seq_add(*op[1:])
+            else:
+                with pytest.raises(InvalidArgumentError, match="cannot move"):
+                    cells.seq_add(*op[1:])
+        elif op[0] == "clear":
+            cells.clear()
+            naive.cells.clear()
+        elif op[0] == "take_shift":
+            cells.take_shift()
+            naive.shift.clear()
         else:
             cells.seq_keep(op[1])
             naive.seq_keep(op[1])
         assert cells.used == len(naive.cells)
+        assert cells.has_shift == naive.has_shift()
         assert cells.end == (max(naive.cells) + 1 if naive.cells else 0)
         for seq in range(4):
             mine = [p for p, owners in naive.cells.values() if seq in owners]

@@ -72,6 +72,28 @@ def test_a_backend_on_the_host_cpu_says_it_shares_the_cores(dev):
         backend.close()
 
 
+def test_a_model_split_with_pocl_keeps_the_kernels_threads_spin_short(tmp_path):
+    """A model loaded over the CPU and an OpenCL CPU device (PoCL) opens the OpenCL backends
+    before the CPU kernels load, so the kernels' threads spin SHARED_SPIN_COUNT rounds, not
+    the longer count of a process alone on the cores (a fresh process: libgomp reads the
+    count once)."""
+    from model_files import write_test_model
+
+    if OPENCL[0].type != DeviceType.CPU:
+        pytest.skip("OpenCL0 is not a CPU device")
+    path = write_test_model(tmp_path / "m.gguf", n_layer=2)
+    code = ("import logging, sys\n"
+            "logging.basicConfig(level=logging.DEBUG, stream=sys.stdout)\n"
+            "from polydev.models import load\n"
+            f"with load({str(path)!r}, devices=['OpenCL0'], n_gpu_layers=1, progress=False):\n"
+            "    pass\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "OpenMP threads spin 20000 rounds (OpenCL0 computes on these cores)" in out.stdout
+
+
 def _devices_output(env_update: dict) -> str:
     env = {**os.environ, **env_update}
     return subprocess.run([sys.executable, "-m", "polydev.tools.cli", "devices", "--verbose"],

@@ -41,7 +41,8 @@ class NumpyEnv:
         self._scratch = np.empty(0, dtype=np.float32)
         self._memo: dict[Hashable, tuple[tuple, Any]] = {}
         # what the bound calls of this stream share, kept while one of them holds it (the angle
-        # tables of a step's ROPEs)
+        # tables of a step's ROPEs, which a call fills without a lock: one stream runs one plan
+        # at a time)
         self.shared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def memo(self, key: Hashable, inputs: tuple, compute: Callable[[], Any]) -> Any:

@@ -85,13 +85,12 @@ def _bind_block_rows(env, node: Tensor) -> Callable[[], None]:
         if get_rows(where) != 0:
             check_indices(np, idx, n_rows, "get_rows")     # raises, with the range
             raise AssertionError("get_rows: the kernel refused indices that are in range")
-        count_rows()
+        if count_rows is not None:
+            count_rows()
 
-    def count_rows() -> bool:
-        """The replay's prepare (the call's bookkeeping, as it has no Python of its own
-        there): a tied embedding's rows read, for its file pages (CPUBuffer.rows_read)."""
-        if file_pages is not None:
-            file_pages.rows_read(a.offset, a.nbytes, idx.size)
-        return False
+    # the rows read, for a tied embedding's file pages (CPUBuffer.rows_read): in a replay,
+    # the call's bookkeeping after the run
+    count_rows = None if file_pages is None else (
+        lambda: file_pages.rows_read(a.offset, a.nbytes, idx.size))
     run.keep_alive = args
-    return replayable(run, CallCode.GET_ROWS, args, prepare=count_rows)
+    return replayable(run, CallCode.GET_ROWS, args, after=count_rows)

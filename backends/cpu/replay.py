@@ -4,10 +4,11 @@ A plan binds each node's kernel once and replays the calls every step; from Pyth
 costs about 1.5 µs of interpreter and ctypes time, 5% of a 1B-class model's decode step and
 more of a smaller one's. A binder whose call is one compiled entry point marks it
 ``native`` (``replayable``): its kernel's code, its argument record, the floats beside the
-record and, where some argument changes between steps, a ``prepare`` that rewrites it before
-each replay. The plan groups consecutive marked calls into a ``NativeRun``, which runs the
-prepares and then every call in one ``pd_replay`` (native/replay.c); an unmarked call (a numpy
-kernel, a call with Python bookkeeping) runs as before, between runs.
+record, where some argument changes between steps a ``prepare`` that rewrites it before each
+replay, and where the call keeps Python bookkeeping an ``after`` run once the replay is done.
+The plan groups consecutive marked calls into a ``NativeRun``, which runs the prepares, then
+every call in one ``pd_replay`` (native/replay.c), then the afters; an unmarked call (a numpy
+kernel) runs as before, between runs.
 
 A call whose status is not 0 (no scratch memory, a bad row index) stops the replay there; its
 Python call then does it again, raising the error that status stands for (or finishing it, as
@@ -63,24 +64,28 @@ class CallRecord(ctypes.Structure):
 
 class NativeCall:
     """What the replay needs of a bound call: its record, the argument record it points to
-    (kept alive here), and ``prepare``, run before every replay; it returns True when it
-    changed the device's weight cache (made a copy), which may have evicted what an earlier
-    prepare of the same run found. A prepare runs before the calls of its run, so it may read
-    only what is set before the graph runs; one with a ``release()`` method holds memory that
-    a fallback to calls one by one lets go."""
+    (kept alive here), ``prepare`` and ``after``. A prepare runs before every replay, maybe
+    more than once (a pass of them until none changes the cache), to rewrite an argument of
+    the record; it returns True when it changed the device's weight cache (made a copy), which
+    may have evicted what an earlier prepare of the same run found. It runs before the calls
+    of its run, so it may read only what is set before the graph runs; one with a
+    ``release()`` method holds memory that a fallback to calls one by one lets go. ``after``
+    is the call's Python bookkeeping, run once after each replay in which the call ran (the
+    bound call does it itself when made one by one)."""
 
     def __init__(self, code: CallCode, args: ctypes.Structure, f0: float = 0.0, f1: float = 0.0,
-                 prepare: Prepare | None = None) -> None:
+                 prepare: Prepare | None = None,
+                 after: Callable[[], None] | None = None) -> None:
         self.record = CallRecord(int(code), ctypes.addressof(args), f0, f1)
-        self.args, self.prepare = args, prepare
+        self.args, self.prepare, self.after = args, prepare, after
 
 
 def replayable(run: Callable[[], None], code: CallCode, args: ctypes.Structure, *,
-               f0: float = 0.0, f1: float = 0.0,
-               prepare: Prepare | None = None) -> Callable[[], None]:
+               f0: float = 0.0, f1: float = 0.0, prepare: Prepare | None = None,
+               after: Callable[[], None] | None = None) -> Callable[[], None]:
     """``run`` (the bound call, still what a plan calls outside a replay and after a failed
     status) marked as the compiled call ``code`` with the record ``args``."""
-    run.native = NativeCall(code, args, f0, f1, prepare)
+    run.native = NativeCall(code, args, f0, f1, prepare, after)
     return run
 
 
@@ -104,6 +109,7 @@ class NativeRun:
                                            if hasattr(p, "watched") for pair in [p.watched()]))
         self._others = [p for p in self._prepares if not hasattr(p, "watched")]
         self._quiet: tuple | None = None
+        self._afters = [n.after for n in natives if n.after is not None]
         self._replay = kernels().replay
 
     def __call__(self) -> None:
@@ -120,6 +126,8 @@ class NativeRun:
             if i < n:
                 self.calls[i]()          # raises the error of its status, or finishes it
                 i += 1
+        for after in self._afters:
+            after()
 
     def _prepared(self) -> bool:
         """Run the prepares until a pass changes nothing in the weight cache (then every
@@ -132,7 +140,8 @@ class NativeRun:
             for prepare in prepares:
                 changed |= prepare()
             if not changed:
-                self._quiet = self._versions() if prepares is self._prepares else self._quiet
+                if prepares is self._prepares:
+                    self._quiet = self._versions()
                 return True
             prepares = self._prepares
         return False
