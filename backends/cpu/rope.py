@@ -19,7 +19,7 @@ import numpy as np
 
 from polydev.backends.array.env import same_memory
 from polydev.backends.array.rope import RopeTables
-from polydev.ops import Op, RopeMode, RopeParams, RopeSources, yarn_mscale
+from polydev.ops import RopeMode, RopeParams, RopeSources, yarn_mscale
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
