@@ -151,7 +151,10 @@ class KVCells:
         self.pos[moving] += delta
         self.shift[moving] += delta
         self._shifted = True
-        self.seqs[moving & (self.pos < 0)] = 0
+        dropped = moving & (self.pos < 0)     # emptied here: _release sees only pos >= 0
+        self.seqs[dropped] = 0
+        self.pos[dropped] = -1
+        self.shift[dropped] = 0
         self._release()
 
     def take_shift(self) -> np.ndarray:

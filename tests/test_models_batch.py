@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("gguf")
@@ -93,6 +93,8 @@ operations = st.lists(st.one_of(
 
 @settings(max_examples=150, deadline=None)
 @given(operations, st.integers(0, 5))
+# a cell moved below position 0 is emptied, and its pending shift with it
+@example([("place", 1, 0), ("place", 1, 0), ("add", 0, 0, 1, -1)], 0)
 def test_cells_and_masks_follow_the_sequences(ops_, window):
     size = 24
     cells, naive = KVCells(size), NaiveCells(size)
