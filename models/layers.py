@@ -96,9 +96,21 @@ def select_outputs(s: StepGraph, *xs: Tensor) -> tuple[Tensor, ...]:
 
 
 def _project(s: StepGraph, w: Weights, il: int, name: str, x: Tensor) -> Tensor:
-    y = ops.mul_mat(s.ctx, w.layer(il, name), x)
+    return _with_bias(s, w, il, name, ops.mul_mat(s.ctx, w.layer(il, name), x))
+
+
+def _with_bias(s: StepGraph, w: Weights, il: int, name: str, y: Tensor) -> Tensor:
     bias = w.bias(il, name)
     return y if bias is None else ops.add(s.ctx, y, bias)
+
+
+def _projections(s: StepGraph, w: Weights, il: int, names: tuple[str, ...],
+                 x: Tensor) -> tuple[Tensor, ...]:
+    """Layer ``il``'s projections ``names`` of one activation ``x``: the products next to each
+    other in the graph (``StepGraph.together``), then their biases."""
+    products = [ops.mul_mat(s.ctx, w.layer(il, name), x) for name in names]
+    s.together(*products)
+    return tuple(_with_bias(s, w, il, name, y) for name, y in zip(names, products))
 
 
 def qkv(s: StepGraph, w: Weights, il: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -106,7 +118,7 @@ def qkv(s: StepGraph, w: Weights, il: int, x: Tensor) -> tuple[Tensor, Tensor, T
     ``attn_qkv`` (phi3) split into contiguous parts (llama.cpp's ``build_qkv``)."""
     hp, ctx = s.hp, s.ctx
     if not w.has("attn_qkv", il):
-        return tuple(_project(s, w, il, name, x) for name in ("attn_q", "attn_k", "attn_v"))
+        return _projections(s, w, il, ("attn_q", "attn_k", "attn_v"), x)
     fused = _project(s, w, il, "attn_qkv", x)
     widths = (hp.n_embd_head_k * hp.n_head, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il))
     offsets = (0, widths[0], widths[0] + widths[1])
@@ -179,7 +191,7 @@ def feed_forward(s: StepGraph, w: Weights, il: int, x: Tensor, act: str = "silu"
     ctx = s.ctx
     glu = ops.swiglu if act == "silu" else ops.geglu
     if w.declares("ffn_gate"):
-        h = glu(ctx, _project(s, w, il, "ffn_gate", x), _project(s, w, il, "ffn_up", x))
+        h = glu(ctx, *_projections(s, w, il, ("ffn_gate", "ffn_up"), x))
     else:
         h = glu(ctx, _project(s, w, il, "ffn_up", x))
     return named(_project(s, w, il, "ffn_down", named(h, "ffn_act", il)), "ffn_out", il)

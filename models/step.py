@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polydev import Context, GGMLType, Graph, Tensor, build_graph, tensor_set
+from polydev import Context, GGMLType, Graph, Tensor, tensor_set
 
 from .batch import UBatch
 from .hparams import HParams
@@ -78,9 +78,18 @@ class StepGraph:
         self.attn_scale: Tensor | None = ctx.new_tensor(GGMLType.F32, [1, 1, n],
                                                         name="attn_scale").set_input()
         self.key_rope: dict[int, KeyRope] = {}      # filled by layers.attention
+        self.graph = Graph()
         self.logits: Tensor = build(self).set_output()
-        self.graph: Graph = build_graph(self.logits)
+        self.graph.build_forward_expand(self.logits)
         self._drop_unread_inputs()
+
+    def together(self, *tensors: Tensor) -> None:
+        """Put ``tensors`` (after what they need) into the graph now, one after another, as
+        llama.cpp's build_attn expands its q, k and v: the products of one activation then
+        sit next to each other, where the CPU backend runs them as one call (its
+        shared_input.py)."""
+        for t in tensors:
+            self.graph.build_forward_expand(t)
 
     def _drop_unread_inputs(self) -> None:
         """An input no node reads gets no memory, so it must never be written: a granite

@@ -19,47 +19,19 @@ results from their sources, so doing a call again is harmless.
 from __future__ import annotations
 
 import ctypes
-from enum import IntEnum
 from typing import TYPE_CHECKING, Callable
 
 from polydev.device import GraphPlan
 
+from .call_record import CallCode, CallRecord
 from .native import kernels
+from .shared_input import SharedInputCall, shared_input_groups
 
 if TYPE_CHECKING:
     from polydev.device import Backend
     from polydev.graph import Graph
 
 Prepare = Callable[[], bool]
-
-
-class CallCode(IntEnum):
-    """The kernel a replayed call runs (``PD_CALL_*`` in native/replay.c)."""
-
-    MUL_MAT = 0
-    MUL_MAT_INT16 = 1
-    MUL_MAT_INTERLEAVED = 2
-    MUL_MAT_ID_INTERLEAVED = 3
-    ROPE = 4
-    RMS_NORM = 5
-    SET_ROWS = 6
-    FLASH_ATTN = 7
-    GLU = 8
-    BINARY = 9
-    SOFT_MAX = 10
-    TOP_K = 11
-    SUM_ROWS = 12
-    CLAMP = 13
-    GET_F32_ROWS = 14
-    GET_ROWS = 15
-
-
-class CallRecord(ctypes.Structure):
-    """One replayed call (``pd_call``): its code, its argument record's address, and the
-    float arguments its entry point takes beside the record."""
-
-    _fields_ = [("op", ctypes.c_int64), ("args", ctypes.c_int64), ("f0", ctypes.c_float),
-                ("f1", ctypes.c_float)]
 
 
 class NativeCall:
@@ -97,8 +69,15 @@ class NativeRun:
     def __init__(self, calls: list[Callable[[], None]]) -> None:
         self.calls = calls
         natives = [c.native for c in calls]
-        self._records = [n.record for n in natives]                 # kept alive
-        self._table = (ctypes.c_int64 * len(calls))(*map(ctypes.addressof, self._records))
+        # an entry of the table per call, or per run of products of one activation (one call
+        # for them all: shared_input.py), with the calls it stands for
+        self._entries = shared_input_groups(calls)
+        self._joined = [SharedInputCall(group) for group in self._entries if len(group) > 1]
+        joined = iter(self._joined)
+        self._records = [group[0].native.record if len(group) == 1 else next(joined).record
+                         for group in self._entries]                # kept alive
+        self._table = (ctypes.c_int64 * len(self._records))(*map(ctypes.addressof,
+                                                                 self._records))
         self._prepares = [n.prepare for n in natives if n.prepare is not None]
         # what the prepares hold (copies of weights), let go on a fallback to calls one by one
         self._releases = [p.release for p in self._prepares if hasattr(p, "release")]
@@ -120,11 +99,12 @@ class NativeRun:
             for call in self.calls:
                 call()
             return
-        i, n, table = 0, len(self.calls), self._table
+        i, n, table = 0, len(self._entries), self._table
         while i < n:
             i = self._replay(table, i, n)
             if i < n:
-                self.calls[i]()          # raises the error of its status, or finishes it
+                for call in self._entries[i]:    # raise the error of its status, or finish it
+                    call()
                 i += 1
         for after in self._afters:
             after()

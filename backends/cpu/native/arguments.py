@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 __all__ = ["PackedArguments", "TensorWords", "address_of", "MulMatArguments",
-           "MulMatInterleavedArguments", "MulMatIdInterleavedArguments", "GluArguments",
+           "MulMatInterleavedArguments", "SharedInputArguments",
+           "MulMatIdInterleavedArguments", "GluArguments",
            "RopeArguments", "RopeAngles", "RmsNormArguments", "SetRowsArguments",
            "FlashAttnArguments", "BinaryArguments", "RowArguments", "GetRowsArguments",
            "GetF32RowsArguments"]
@@ -81,6 +82,14 @@ class MulMatInterleavedArguments(PackedArguments):
     C_FUNCTIONS = ("pd_mul_mat_interleaved",)
     _fields_ = _words("type", "p", "M", "K", "x", "x_stride", "n_rows", "y", "y_stride",
                       "n_threads", "bits")
+
+
+class SharedInputArguments(PackedArguments):
+    """The interleaved products of one activation run as one call: ``records`` is the address
+    of ``n_products`` addresses of their MulMatInterleavedArguments (interleaved.c)."""
+
+    C_FUNCTIONS = ("pd_mul_mat_interleaved_shared",)
+    _fields_ = _words("n_products", "records")
 
 
 class MulMatIdInterleavedArguments(PackedArguments):
