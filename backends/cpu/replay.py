@@ -8,10 +8,11 @@ record, where some argument changes between steps a ``prepare`` that rewrites it
 replay, and where the call keeps Python bookkeeping an ``after`` run once the replay is done.
 The plan groups consecutive marked calls into a ``NativeRun``, which runs the prepares, then
 every call in one ``pd_replay`` (native/replay.c), then the afters; an unmarked call (a numpy
-kernel) runs as before, between runs.
+kernel) runs as before, between runs. Consecutive products of one activation take one entry of
+the run's table, one call for them all (shared_input.py).
 
 A call whose status is not 0 (no scratch memory, a bad row index) stops the replay there; its
-Python call then does it again, raising the error that status stands for (or finishing it, as
+Python call (a joined entry's: each of them) then does it again, raising the error that status stands for (or finishing it, as
 SET_ROWS does for fp16 without F16C), and the replay goes on after it. The kernels write their
 results from their sources, so doing a call again is harmless.
 """
