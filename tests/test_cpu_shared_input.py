@@ -87,11 +87,13 @@ def _assert_equal_and_near_exact(products: Products) -> None:
                                    atol=2e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("n_tokens", [1, 5, 40])
+@pytest.mark.parametrize("n_tokens", [1, 5, 40, 600])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_q_k_v_of_one_activation_are_one_call(made, fast_cpu, rng, n_tokens, threads):
     """A q, k and v of one block size (Q4_K, Q6_K, Q4_K: 256 values) join, whatever their rows
-    (a 16-row weight, one group, included); a Q8_0 after them (32 values) stays apart."""
+    (a 16-row weight, one group, included); a Q8_0 after them (32 values) stays apart. Up to
+    512 rows of 512 values the threads share the groups out and help each other finish; 600
+    rows go in two passes over fixed shares."""
     fast_cpu.set_n_threads(threads)
     types = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q8_0]
     products = made(rng, types, [96, 32, 16, 48, 64], n_tokens)

@@ -516,6 +516,117 @@ static int64_t rows_per_pass(int64_t K, int bits) {
 }
 #endif
 
+#ifdef INTERLEAVED_KERNELS
+/* One product of a run of products of one activation: a weight's interleaved copy, its
+ * groups, and where its results go. */
+typedef struct {
+    int type;
+    const uint8_t *p;
+    float *y;
+    int64_t y_stride, groups, group_bytes;
+} product;
+
+/* Each thread's share of a decode step's products: the groups end to end (product by
+ * product), a contiguous run of about the same bytes per thread, which the thread streams
+ * from its start a block of STEAL_BYTES at a time and, once done, helps the others finish
+ * theirs from where they are (a block at a time, taken off the owner's counter). With a fixed
+ * share per thread (schedule(static)) the thread that started or ran slower held up the
+ * other at the region's end: on a 2-vCPU Zen 4 the main thread waited there for 7% of a
+ * gemma-3-270m decode step. Handed out one group at a time from one counter, each thread's
+ * stream broke at every group (a step ran 20% slower); here each thread's blocks follow each
+ * other until it steals. */
+#define STEAL_BYTES (32 * 1024)
+#define MAX_TEAM 64
+typedef struct {
+    _Alignas(64) int64_t next;       /* the owner's next group; a cache line of its own */
+    int64_t end;
+} share;
+
+/* group u of the products end to end: its product in *i (u below the products' groups) */
+static inline int64_t product_group(const product *pr, int64_t n_products, int64_t u,
+                                    int64_t *i) {
+    int64_t k = 0;
+    while (k + 1 < n_products && u >= pr[k].groups) u -= pr[k++].groups;
+    *i = k;
+    return u;
+}
+
+static void stream_shares(const product *pr, int64_t n_products, const act_any *a,
+                          int64_t n_rows, share *shares, int team, int me, int64_t block) {
+    for (int k = 0; k < team; k++) {
+        share *s = &shares[(me + k) % team];
+        for (;;) {
+            int64_t u = __atomic_fetch_add(&s->next, block, __ATOMIC_RELAXED);
+            if (u >= s->end) break;
+            const int64_t stop = u + block < s->end ? u + block : s->end;
+            for (; u < stop; u++) {
+                int64_t i;
+                const int64_t G = product_group(pr, n_products, u, &i);
+                group_rows(pr[i].type, pr[i].p, G, a, 0, n_rows, pr[i].y, pr[i].y_stride);
+            }
+        }
+    }
+}
+
+/* The products' groups for activation rows in passes (rows_per_pass): one pass (a decode
+ * step, a few sequences) shared out by stream_shares; a prompt's passes each over a fixed
+ * share of about the same bytes per thread (the rows are many, the threads' work even). */
+static void run_products(const product *pr, int64_t n_products, const act_any *a, int64_t K,
+                         int64_t n_rows, int n_threads) {
+    int64_t total = 0, groups = 0;
+    for (int64_t i = 0; i < n_products; i++) {
+        total += pr[i].groups * pr[i].group_bytes;
+        groups += pr[i].groups;
+    }
+    const int64_t pass = rows_per_pass(K, a->bits);
+    share shares[MAX_TEAM];
+    const int team = n_threads < MAX_TEAM ? (n_threads > 1 ? n_threads : 1) : MAX_TEAM;
+    /* thread t's share: the groups that start in bytes [total t / team, total (t + 1) / team) */
+    for (int t = 0, i = 0; t <= team; t++) {
+        const int64_t at = total * t / team;
+        int64_t first = 0, before = 0;
+        for (i = 0; i < n_products; i++) {
+            const int64_t bytes = pr[i].groups * pr[i].group_bytes;
+            if (at < before + bytes || i == n_products - 1) {
+                const int64_t G = (at - before + pr[i].group_bytes - 1) / pr[i].group_bytes;
+                first += G < pr[i].groups ? G : pr[i].groups;
+                break;
+            }
+            before += bytes;
+            first += pr[i].groups;
+        }
+        if (t < team) shares[t].next = first;
+        if (t > 0) shares[t - 1].end = first;
+    }
+    shares[team - 1].end = groups;
+    const int64_t block = STEAL_BYTES / pr[0].group_bytes > 1 ? STEAL_BYTES / pr[0].group_bytes
+                                                               : 1;
+#pragma omp parallel num_threads(team) if (team > 1)
+    {
+#ifdef _OPENMP
+        const int me = omp_get_thread_num(), threads = omp_get_num_threads();
+#else
+        const int me = 0, threads = 1;
+#endif
+        if (n_rows <= pass && threads == team) {
+            stream_shares(pr, n_products, a, n_rows, shares, team, me, block);
+        } else {
+            const int64_t lo = threads == team ? shares[me].next : me == 0 ? 0 : groups;
+            const int64_t hi = threads == team ? shares[me].end : groups;
+            for (int64_t r = 0; r < n_rows; r += pass) {
+                const int64_t n = n_rows - r < pass ? n_rows - r : pass;
+                for (int64_t u = lo; u < hi; u++) {
+                    int64_t i;
+                    const int64_t G = product_group(pr, n_products, u, &i);
+                    group_rows(pr[i].type, pr[i].p, G, a, r, n, pr[i].y + r * pr[i].y_stride,
+                               pr[i].y_stride);
+                }
+            }
+        }
+    }
+}
+#endif
+
 /* y[r, i] = sum_k W[i, k] x[r, k] with W interleaved (pd_interleave) and x quantized to int16
  * as pd_mul_mat_int16 does, or to int8 (`bits` 8, where the build has those kernels). Returns
  * 0, 1 where the type has no interleaved kernel, or 2 when the scratch memory could not be had
@@ -527,14 +638,8 @@ int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, con
     if (!group_kernel_of(type) || !pd_interleaved_bytes(type, M, K)) return 1;
     act_any a;
     if (!act_quantize(&a, type, bits, x, x_stride, K, n_rows, n_threads)) return 2;
-    const int64_t pass = rows_per_pass(K, a.bits);
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1)
-    for (int64_t r0 = 0; r0 < n_rows; r0 += pass) {
-        const int64_t n = n_rows - r0 < pass ? n_rows - r0 : pass;
-#pragma omp for schedule(static)
-        for (int64_t G = 0; G < M / ROWS16; G++)
-            group_rows(type, p, G, &a, r0, n, y + r0 * y_stride, y_stride);
-    }
+    const product one = {type, p, y, y_stride, M / ROWS16, pd_interleaved_bytes(type, ROWS16, K)};
+    run_products(&one, 1, &a, K, n_rows, n_threads);
     act_free(&a);
     return 0;
 #else
@@ -548,24 +653,17 @@ int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, con
  * records of pd_mul_mat_interleaved (at the addresses in `records`) whose x, x_stride, n_rows,
  * K, n_threads and bits are the same and whose types have blocks of one size, run as one
  * call: the activations quantized once, and one parallel region over every product's groups
- * in which each thread streams a run of about the same bytes. Apart, a decode step's k and v
- * products of a 1B-class llama (512 rows) read their weights at 24-26 GB/s where the large
- * ones read 33-35: each paid a parallel region, a quantization and its streams' ramp for a
- * third of a megabyte. Returns as pd_mul_mat_interleaved does; 1 also where the records do not
- * share their activations (nothing written then). */
+ * (run_products). Apart, a decode step's k and v products of a 1B-class llama (512 rows) read
+ * their weights at 24-26 GB/s where the large ones read 33-35: each paid a parallel region, a
+ * quantization and its streams' ramp for a third of a megabyte. Returns as
+ * pd_mul_mat_interleaved does; 1 also where the records do not share their activations
+ * (nothing written then). */
 #define SHARED_MAX 8
 int pd_mul_mat_interleaved_shared(int64_t n_products, const int64_t *records) {
 #ifdef INTERLEAVED_KERNELS
-    typedef struct {
-        int type;
-        const uint8_t *p;
-        float *y;
-        int64_t y_stride, groups, group_bytes, first_byte;
-    } product;
     product pr[SHARED_MAX];
     if (n_products < 1 || n_products > SHARED_MAX) return 1;
     const int64_t *r0 = (const int64_t *)(intptr_t)records[0];
-    int64_t total = 0;
     for (int64_t i = 0; i < n_products; i++) {
         const int64_t *r = (const int64_t *)(intptr_t)records[i];
         const int type = (int)r[0];
@@ -574,40 +672,14 @@ int pd_mul_mat_interleaved_shared(int64_t n_products, const int64_t *records) {
         if (!group_kernel_of(type) || !pd_interleaved_bytes(type, r[2], r[3])
             || block_values(type) != block_values((int)r0[0]))
             return 1;
-        pr[i] = (product){type, (const uint8_t *)(intptr_t)r[1], (float *)(intptr_t)r[7], r[8], r[2] / ROWS16,
-                          pd_interleaved_bytes(type, ROWS16, r[3]), total};
-        total += pr[i].groups * pr[i].group_bytes;
+        pr[i] = (product){type, (const uint8_t *)(intptr_t)r[1], (float *)(intptr_t)r[7], r[8],
+                          r[2] / ROWS16, pd_interleaved_bytes(type, ROWS16, r[3])};
     }
-    const int64_t K = r0[3], n_rows = r0[6];
-    const int n_threads = (int)r0[9];
     act_any a;
-    if (!act_quantize(&a, (int)r0[0], (int)r0[10], (const float *)(intptr_t)r0[4], r0[5], K,
-                      n_rows, n_threads))
+    if (!act_quantize(&a, (int)r0[0], (int)r0[10], (const float *)(intptr_t)r0[4], r0[5], r0[3],
+                      r0[6], (int)r0[9]))
         return 2;
-    const int64_t pass = rows_per_pass(K, a.bits);
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1)
-    {
-#ifdef _OPENMP
-        const int64_t me = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-        const int64_t me = 0, team = 1;
-#endif
-        /* this thread's bytes [lo, hi) of the products' groups end to end: the groups that
-         * start there */
-        const int64_t lo = total * me / team, hi = total * (me + 1) / team;
-        for (int64_t r = 0; r < n_rows; r += pass) {
-            const int64_t n = n_rows - r < pass ? n_rows - r : pass;
-            for (int64_t i = 0; i < n_products; i++) {
-                const product *q = &pr[i];
-                const int64_t from = lo - q->first_byte, to = hi - q->first_byte;
-                int64_t G0 = from <= 0 ? 0 : (from + q->group_bytes - 1) / q->group_bytes;
-                int64_t G1 = to <= 0 ? 0 : (to + q->group_bytes - 1) / q->group_bytes;
-                if (G1 > q->groups) G1 = q->groups;
-                for (int64_t G = G0; G < G1; G++)
-                    group_rows(q->type, q->p, G, &a, r, n, q->y + r * q->y_stride, q->y_stride);
-            }
-        }
-    }
+    run_products(pr, n_products, &a, r0[3], r0[6], (int)r0[9]);
     act_free(&a);
     return 0;
 #else
