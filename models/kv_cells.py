@@ -38,6 +38,10 @@ class KVCells:
         self.shift = np.zeros(size, dtype=np.int32)     # how far each cell's key must turn
         self._shifted = False                           # whether seq_add set any since
         self._end = 0                                   # 1 + the last cell in use
+        # counts a decode step asks for, kept as the cells change (each was a pass over the
+        # cells, and a decode step's bookkeeping with caches cold is a few percent of it):
+        self._used = 0                                  # cells that hold a token
+        self._low = 0                                   # every cell below this holds one
         # seq_pos_max's answers, kept up to date by assign and forgotten by every other change
         # (_release, seq_cp, clear): each step asks it of its sequences, and over the cells it
         # took about 60 µs of a decode step on a slow host
@@ -48,7 +52,7 @@ class KVCells:
     @property
     def used(self) -> int:
         """Cells that hold a token."""
-        return int(np.count_nonzero(self.pos[:self._end] >= 0))
+        return self._used
 
     @property
     def free(self) -> int:
@@ -70,21 +74,40 @@ class KVCells:
     def find(self, n: int) -> np.ndarray | None:
         """The first ``n`` empty cells (int32 indices, ascending), or None when fewer are
         free. Lowest cells first keeps the span a graph attends over short."""
+        low = self._low
+        if n == 1 and low < self.size and self.pos[low] < 0:   # a decode step's one token
+            return np.array([low], dtype=np.int32)
         empty = np.flatnonzero(self.pos < 0)
+        if empty.size:
+            self._low = int(empty[0])
         return empty[:n].astype(np.int32) if empty.size >= n else None
 
     def assign(self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> None:
         """Put the tokens at ``positions`` of sequences ``seq_ids`` into empty ``cells``."""
+        if cells.size == 1:
+            self._assign_one(int(cells[0]), int(positions[0]), int(seq_ids[0]))
+            return
+        self._used += int(np.count_nonzero(self.pos[cells] < 0))
         self.pos[cells] = positions
         self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
         self.shift[cells] = 0
         self._end = max(self._end, int(cells.max()) + 1)
-        if cells.size == 1:             # a decode step of one sequence: its last position
-            seq = int(seq_ids[0])
-            if seq in self._last_pos:
-                self._last_pos[seq] = max(self._last_pos[seq], int(positions[0]))
-        else:
-            self._last_pos.clear()
+        self._last_pos.clear()
+
+    def _assign_one(self, cell: int, position: int, seq_id: int) -> None:
+        """``assign`` of a decode step's one token, in scalars (numpy calls on a few values
+        cost more than the work)."""
+        if self.pos[cell] < 0:
+            self._used += 1
+        self.pos[cell] = position
+        self.seqs[cell] = 1 << seq_id
+        self.shift[cell] = 0
+        self._end = max(self._end, cell + 1)
+        if cell == self._low:
+            self._low += 1
+        last = self._last_pos.get(seq_id)
+        if last is not None:
+            self._last_pos[seq_id] = max(last, position)
 
     def mask(self, positions: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int,
              out: np.ndarray) -> np.ndarray:
@@ -93,6 +116,8 @@ class KVCells:
         One sequence at a time: the rows of a sequence share which cells it owns, and no
         [n_tokens, n_kv] array wider than a boolean is made (a 512 x 4096 prompt's uint64
         bit sets were 17 MiB of peak memory)."""
+        if positions.size == 1:
+            return self._mask_one(int(positions[0]), int(seq_ids[0]), n_kv, window, out)
         cell_pos = self.pos[None, :n_kv]
         first = int(seq_ids[0])
         if (seq_ids == first).all():                    # one sequence: every row at once
@@ -109,6 +134,19 @@ class KVCells:
                 out[allowed] = 0
             else:
                 out[rows] = np.where(allowed, _ZERO, _NEG_INF)
+        return out
+
+    def _mask_one(self, position: int, seq_id: int, n_kv: int, window: int,
+                  out: np.ndarray) -> np.ndarray:
+        """``mask`` of a decode step's one token, in as few numpy calls as it takes (each
+        costs more than its work here)."""
+        cell_pos = self.pos[:n_kv]
+        allowed = (self.seqs[:n_kv] & _bit(seq_id)) != 0
+        allowed &= cell_pos <= position
+        if window:
+            allowed &= cell_pos > position - window
+        out.fill(_NEG_INF)
+        out[0, allowed] = _ZERO
         return out
 
     # --- sequences (llama.cpp's llama_memory_seq_*) -----------------------------------------
@@ -152,6 +190,8 @@ class KVCells:
         self.shift[moving] += delta
         self._shifted = True
         dropped = moving & (self.pos < 0)     # emptied here: _release sees only pos >= 0
+        self._used -= int(np.count_nonzero(dropped))
+        self._low = 0
         self.seqs[dropped] = 0
         self.pos[dropped] = -1
         self.shift[dropped] = 0
@@ -190,6 +230,7 @@ class KVCells:
         self.shift.fill(0)
         self._shifted = False
         self._end = 0
+        self._used = self._low = 0
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -204,6 +245,8 @@ class KVCells:
         """Empty the cells no sequence uses any more, and move ``end`` back."""
         gone = (self.seqs == 0) & (self.pos >= 0)
         self._last_pos.clear()
+        self._used -= int(np.count_nonzero(gone))
+        self._low = 0
         self.pos[gone] = -1
         self.shift[gone] = 0
         live = np.flatnonzero(self.pos[:self._end] >= 0)

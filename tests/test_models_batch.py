@@ -141,6 +141,10 @@ def test_cells_and_masks_follow_the_sequences(ops_, window):
     mask = cells.mask(positions, seqs, size, window, np.empty((4, size), np.float16))
     for row, pos, seq in zip(mask, positions, seqs):
         assert (row == 0).tolist() == naive.allowed(int(pos), int(seq), size, window)
+        one = cells.mask(np.array([pos]), np.array([seq]), size, window,   # a decode step's
+                         np.empty((1, size), np.float16))
+        assert (one[0] == 0).tolist() == naive.allowed(int(pos), int(seq), size, window)
+        assert set(one[0].tolist()) <= {0.0, -np.inf}
 
 
 def test_sequence_ids_are_checked():
