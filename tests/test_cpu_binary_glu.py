@@ -2,7 +2,7 @@
 (backends/cpu/binary.py, glu.py): ADD, SUB, MUL and DIV of float32 tensors with ggml's repeat
 of b over a give numpy's float32 results exactly, and layouts they do not take (b's rows
 overlapping the result's at an offset) go to numpy; GEGLU against float64, non-finite
-activations as numpy carries them."""
+activations as numpy carries them; SCALE as a MUL by its factor."""
 
 from __future__ import annotations
 
@@ -64,6 +64,21 @@ def test_a_result_overlapping_b_at_an_offset_goes_to_numpy(cpu, rng):
     assert not _bound_compiled(cpu, build, (16, 5))
     got = compute(cpu, build, values)
     np.testing.assert_array_equal(got.reshape(4, 16), values[1:] + values[:4])
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_scale_is_compiled_and_equals_numpy(cpu, rng, inplace):
+    """SCALE without a bias (gemma's embedding times sqrt(n_embd)): a compiled MUL by its
+    factor, numpy's float32 results exactly, on strided rows too; with a bias it stays
+    numpy's."""
+    a = f32(rng, (3, 40), -4, 4)
+
+    def build(ctx, x):
+        return ops.scale(ctx, ops.view_2d(ctx, x, 16, 3, x.nb[1], 8), 25.29822, inplace=inplace)
+    assert _bound_compiled(cpu, build, (40, 3))
+    got = compute(cpu, build, a)
+    np.testing.assert_array_equal(got.reshape(3, 16), a[:, 2:18] * np.float32(25.29822))
+    assert not _bound_compiled(cpu, lambda ctx, x: ops.scale(ctx, x, 2.0, 1.0), (40, 3))
 
 
 @pytest.mark.parametrize("rows,n", [(1, 2048), (3, 37)])

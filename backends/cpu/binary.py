@@ -1,4 +1,5 @@
-"""ADD, SUB, MUL and DIV of float32 tensors in the compiled kernels (native/binary.c).
+"""ADD, SUB, MUL and DIV of float32 tensors in the compiled kernels (native/binary.c), and
+SCALE without a bias as a MUL by its one factor.
 
 A decode step adds its residuals, multiplies its norms' weights and, in a mixture of experts,
 scales and normalizes the router's weights: a token's rows, where a numpy call costs more
@@ -6,7 +7,9 @@ than the arithmetic, and where, between two compiled calls, it would split a pla
 (replay.py) in two. The kernel takes ggml's repeat of ``b`` over ``a`` (each of b's
 dimensions divides a's) with unit element strides (b may also be one value per row); other
 layouts, and a result that overlaps a source other than element for element, go to the
-array kernel. The float32 operations are numpy's, so results are equal.
+array kernel. The float32 operations are numpy's, so results are equal. SCALE (gemma's token
+embedding times sqrt(n_embd)) is numpy's multiply by the factor as float32 too: compiled, it
+no longer splits a step's run of calls.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Callable
 
 import numpy as np
 
-from polydev.backends.array.elementwise import bind_binary
-from polydev.ops import Op
+from types import SimpleNamespace
+
+from polydev.backends.array.elementwise import bind_binary, bind_scale
+from polydev.ops import Op, ScaleParams
 from polydev.tensor import Tensor
 from polydev.types import GGMLType
 
@@ -57,3 +62,30 @@ def overlaps_shifted(d: np.ndarray, x: np.ndarray) -> bool:
     in-place op): then a row written may be one another thread still reads."""
     same = (d.ctypes.data == x.ctypes.data and d.strides == x.strides and d.shape == x.shape)
     return not same and np.may_share_memory(d, x)
+
+
+def native_scale_ok(node: Tensor) -> bool:
+    """SCALE without a bias (a * scale) of float32 rows with unit element stride."""
+    a = node.src[0]
+    return (loaded_kernels() is not None and node.type == a.type == GGMLType.F32
+            and a.ne == node.ne and a.nb[0] == node.nb[0] == 4
+            and ScaleParams.of(node).bias == 0.0)
+
+
+def bind_native_scale(env, node: Tensor) -> Callable[[], None]:
+    a = node.src[0]
+    d_view, a_view = env.view(node), env.view(a)
+    if overlaps_shifted(d_view, a_view):
+        return bind_scale(env, node)
+    factor = np.array([ScaleParams.of(node).scale], dtype=np.float32)   # b: one value
+    one = SimpleNamespace(ne=(1, 1, 1, 1), nb=(4, 4, 4, 4))
+    args = BinaryArguments(a=TensorWords.of(a_view.ctypes.data, a),
+                           b=TensorWords.of(factor.ctypes.data, one),
+                           d=TensorWords.of(d_view.ctypes.data, node),
+                           op=_CODES[Op.MUL], n_threads=env.n_threads)
+    binary, where = kernels().binary_f32_packed, args.address
+
+    def run() -> None:
+        binary(where)
+    run.keep_alive = (args, factor)
+    return replayable(run, CallCode.BINARY, args)

@@ -8,7 +8,7 @@ from polydev.ops import GluOp, Op
 from polydev.backends.array import KERNELS, TABLE
 
 from .attention import bind_native_flash_attn, native_flash_attn_ok
-from .binary import bind_native_binary, native_binary_ok
+from .binary import bind_native_binary, bind_native_scale, native_binary_ok, native_scale_ok
 from .blas import product_macs, sized_for_blas
 from .get_rows import bind_native_get_rows, native_get_rows_ok
 from .glu import bind_native_glu, native_glu_ok
@@ -48,6 +48,7 @@ CPU_TABLE = KernelTable({
     Op.SUB: Kernel(native_binary_ok, bind_native_binary),
     Op.MUL: Kernel(native_binary_ok, bind_native_binary),
     Op.DIV: Kernel(native_binary_ok, bind_native_binary),
+    Op.SCALE: Kernel(native_scale_ok, bind_native_scale),
     Op.SOFT_MAX: Kernel(native_soft_max_ok, bind_native_soft_max),
     Op.TOP_K: Kernel(native_top_k_ok, bind_native_top_k),
     Op.SUM_ROWS: Kernel(native_sum_rows_ok, bind_native_sum_rows),

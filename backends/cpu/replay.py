@@ -12,9 +12,10 @@ kernel) runs as before, between runs. Consecutive products of one activation tak
 the run's table, one call for them all (shared_input.py).
 
 A call whose status is not 0 (no scratch memory, a bad row index) stops the replay there; its
-Python call (a joined entry's: each of them) then does it again, raising the error that status stands for (or finishing it, as
-SET_ROWS does for fp16 without F16C), and the replay goes on after it. The kernels write their
-results from their sources, so doing a call again is harmless.
+Python call (a joined entry's: each of them) then does it again, raising the error that status
+stands for (or finishing it, as SET_ROWS does for fp16 without F16C), and the replay goes on
+after it. The kernels write their results from their sources, so doing a call again is
+harmless.
 """
 
 from __future__ import annotations
