@@ -214,14 +214,17 @@ def _experts_product(backend, blocks, qtype, n_expert, x, ids, before=None):
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=str)
-@pytest.mark.parametrize("n_tokens", [1, 40])            # a decode step; a prompt
-def test_mul_mat_id_multiplies_the_experts_interleaved_copy(integer_cpu, rng, qtype, n_tokens):
+@pytest.mark.parametrize("n_tokens,k", [(1, 512), (40, 512), (200, 4096)],
+                         ids=["decode", "prompt", "rows-in-passes"])
+def test_mul_mat_id_multiplies_the_experts_interleaved_copy(integer_cpu, rng, qtype, n_tokens,
+                                                            k):
     """The experts of a weights buffer are interleaved as one matrix (each expert's rows a
     whole number of groups); the pairs are sorted by expert in the kernels, and every expert
-    in use multiplies from its part of the copy, with int16 or int8 activations."""
+    in use multiplies from its part of the copy, with int16 or int8 activations (an expert's
+    100 rows of 4096 values go in passes of fewer)."""
     from test_ops_products import _mul_mat_id_ref, _routing
 
-    n_expert, m, k = 6, 32, 512
+    n_expert, m = 6, 32
     blocks = random_blocks(rng, qtype, n_expert * m, k)
     ids = _routing(rng, n_tokens, 3, n_expert)
     x = f32(rng, (1, n_tokens, 1, k))

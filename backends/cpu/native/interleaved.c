@@ -517,24 +517,25 @@ static int64_t rows_per_pass(int64_t K, int bits) {
 #endif
 
 #ifdef INTERLEAVED_KERNELS
-/* One product of a run of products of one activation: a weight's interleaved copy, its
- * groups, and where its results go. */
+/* One product of a run of products: a weight's interleaved copy, its groups, the activation
+ * rows it multiplies (rows from row0 on: all of them for the products of one activation, an
+ * expert's for MUL_MAT_ID) and where its results go (row r of them at y + r y_stride). */
 typedef struct {
     int type;
     const uint8_t *p;
     float *y;
-    int64_t y_stride, groups, group_bytes;
+    int64_t y_stride, groups, group_bytes, row0, rows;
 } product;
 
-/* Each thread's share of a decode step's products: the groups end to end (product by
- * product), a contiguous run of about the same bytes per thread, which the thread streams
- * from its start a block of STEAL_BYTES at a time and, once done, helps the others finish
- * theirs from where they are (a block at a time, taken off the owner's counter). With a fixed
- * share per thread (schedule(static)) the thread that started or ran slower held up the
- * other at the region's end: on a 2-vCPU Zen 4 the main thread waited there for 7% of a
- * gemma-3-270m decode step. Handed out one group at a time from one counter, each thread's
- * stream broke at every group (a step ran 20% slower); here each thread's blocks follow each
- * other until it steals. */
+/* Each thread's share of the products: the groups end to end (product by product), a
+ * contiguous run of about the same bytes per thread, which the thread streams from its start
+ * a block of STEAL_BYTES at a time and, once done, helps the others finish theirs from where
+ * they are (a block at a time, taken off the owner's counter). With a fixed share per thread
+ * (schedule(static)) the thread that started or ran slower held up the other at the region's
+ * end: on a 2-vCPU Zen 4 the main thread waited there for 7% of a gemma-3-270m decode step.
+ * Handed out one group at a time from one counter, each thread's stream broke at every group
+ * (a mixture's decode step ran 20% slower); here each thread's blocks follow each other until
+ * it steals. */
 #define STEAL_BYTES (32 * 1024)
 #define MAX_TEAM 64
 typedef struct {
@@ -542,50 +543,65 @@ typedef struct {
     int64_t end;
 } share;
 
-/* group u of the products end to end: its product in *i (u below the products' groups) */
-static inline int64_t product_group(const product *pr, int64_t n_products, int64_t u,
-                                    int64_t *i) {
-    int64_t k = 0;
-    while (k + 1 < n_products && u >= pr[k].groups) u -= pr[k++].groups;
-    *i = k;
-    return u;
+/* a place among the products' groups end to end: product i, its group G */
+typedef struct {
+    int64_t i, G;
+} place;
+
+static inline place place_of(const product *pr, int64_t n_products, int64_t u) {
+    place at = {0, u};
+    while (at.i + 1 < n_products && at.G >= pr[at.i].groups) at.G -= pr[at.i++].groups;
+    return at;
+}
+
+static inline void step_place(const product *pr, int64_t n_products, place *at) {
+    if (++at->G >= pr[at->i].groups && at->i + 1 < n_products) at->G = 0, at->i++;
+}
+
+/* groups [u, stop) of the products, for their rows [r, r + pass) */
+static void run_groups(const product *pr, int64_t n_products, const act_any *a, int64_t u,
+                       int64_t stop, int64_t r, int64_t pass) {
+    place at = place_of(pr, n_products, u);
+    for (; u < stop; u++, step_place(pr, n_products, &at)) {
+        const product *q = &pr[at.i];
+        if (r >= q->rows) continue;
+        const int64_t n = q->rows - r < pass ? q->rows - r : pass;
+        group_rows(q->type, q->p, at.G, a, q->row0 + r, n, q->y + r * q->y_stride, q->y_stride);
+    }
 }
 
 static void stream_shares(const product *pr, int64_t n_products, const act_any *a,
-                          int64_t n_rows, share *shares, int team, int me, int64_t block) {
+                          int64_t pass, share *shares, int team, int me, int64_t block) {
     for (int k = 0; k < team; k++) {
         share *s = &shares[(me + k) % team];
         for (;;) {
-            int64_t u = __atomic_fetch_add(&s->next, block, __ATOMIC_RELAXED);
+            const int64_t u = __atomic_fetch_add(&s->next, block, __ATOMIC_RELAXED);
             if (u >= s->end) break;
-            const int64_t stop = u + block < s->end ? u + block : s->end;
-            for (; u < stop; u++) {
-                int64_t i;
-                const int64_t G = product_group(pr, n_products, u, &i);
-                group_rows(pr[i].type, pr[i].p, G, a, 0, n_rows, pr[i].y, pr[i].y_stride);
-            }
+            run_groups(pr, n_products, a, u, u + block < s->end ? u + block : s->end, 0, pass);
         }
     }
 }
 
-/* The products' groups for activation rows in passes (rows_per_pass): one pass (a decode
- * step, a few sequences) shared out by stream_shares; a prompt's passes each over a fixed
- * share of about the same bytes per thread (the rows are many, the threads' work even). */
+/* The products' groups for their activation rows in passes of rows_per_pass: where every
+ * product's rows are one pass (a decode step, a few sequences, a mixture's experts) shared
+ * out by stream_shares; a prompt's passes each over a fixed share of about the same bytes per
+ * thread (the rows are many, the threads' work even). */
 static void run_products(const product *pr, int64_t n_products, const act_any *a, int64_t K,
-                         int64_t n_rows, int n_threads) {
-    int64_t total = 0, groups = 0;
+                         int n_threads) {
+    int64_t total = 0, groups = 0, most = 0;
     for (int64_t i = 0; i < n_products; i++) {
         total += pr[i].groups * pr[i].group_bytes;
         groups += pr[i].groups;
+        most = pr[i].rows > most ? pr[i].rows : most;
     }
     const int64_t pass = rows_per_pass(K, a->bits);
     share shares[MAX_TEAM];
     const int team = n_threads < MAX_TEAM ? (n_threads > 1 ? n_threads : 1) : MAX_TEAM;
     /* thread t's share: the groups that start in bytes [total t / team, total (t + 1) / team) */
-    for (int t = 0, i = 0; t <= team; t++) {
+    for (int t = 0; t <= team; t++) {
         const int64_t at = total * t / team;
         int64_t first = 0, before = 0;
-        for (i = 0; i < n_products; i++) {
+        for (int64_t i = 0; i < n_products; i++) {
             const int64_t bytes = pr[i].groups * pr[i].group_bytes;
             if (at < before + bytes || i == n_products - 1) {
                 const int64_t G = (at - before + pr[i].group_bytes - 1) / pr[i].group_bytes;
@@ -608,20 +624,13 @@ static void run_products(const product *pr, int64_t n_products, const act_any *a
 #else
         const int me = 0, threads = 1;
 #endif
-        if (n_rows <= pass && threads == team) {
-            stream_shares(pr, n_products, a, n_rows, shares, team, me, block);
+        if (most <= pass && threads == team) {
+            stream_shares(pr, n_products, a, pass, shares, team, me, block);
         } else {
             const int64_t lo = threads == team ? shares[me].next : me == 0 ? 0 : groups;
             const int64_t hi = threads == team ? shares[me].end : groups;
-            for (int64_t r = 0; r < n_rows; r += pass) {
-                const int64_t n = n_rows - r < pass ? n_rows - r : pass;
-                for (int64_t u = lo; u < hi; u++) {
-                    int64_t i;
-                    const int64_t G = product_group(pr, n_products, u, &i);
-                    group_rows(pr[i].type, pr[i].p, G, a, r, n, pr[i].y + r * pr[i].y_stride,
-                               pr[i].y_stride);
-                }
-            }
+            for (int64_t r = 0; r < most; r += pass)
+                run_groups(pr, n_products, a, lo, hi, r, pass);
         }
     }
 }
@@ -638,8 +647,9 @@ int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, con
     if (!group_kernel_of(type) || !pd_interleaved_bytes(type, M, K)) return 1;
     act_any a;
     if (!act_quantize(&a, type, bits, x, x_stride, K, n_rows, n_threads)) return 2;
-    const product one = {type, p, y, y_stride, M / ROWS16, pd_interleaved_bytes(type, ROWS16, K)};
-    run_products(&one, 1, &a, K, n_rows, n_threads);
+    const product one = {type, p, y, y_stride, M / ROWS16, pd_interleaved_bytes(type, ROWS16, K),
+                         0, n_rows};
+    run_products(&one, 1, &a, K, n_threads);
     act_free(&a);
     return 0;
 #else
@@ -673,13 +683,13 @@ int pd_mul_mat_interleaved_shared(int64_t n_products, const int64_t *records) {
             || block_values(type) != block_values((int)r0[0]))
             return 1;
         pr[i] = (product){type, (const uint8_t *)(intptr_t)r[1], (float *)(intptr_t)r[7], r[8],
-                          r[2] / ROWS16, pd_interleaved_bytes(type, ROWS16, r[3])};
+                          r[2] / ROWS16, pd_interleaved_bytes(type, ROWS16, r[3]), 0, r0[6]};
     }
     act_any a;
     if (!act_quantize(&a, (int)r0[0], (int)r0[10], (const float *)(intptr_t)r0[4], r0[5], r0[3],
                       r0[6], (int)r0[9]))
         return 2;
-    run_products(pr, n_products, &a, r0[3], r0[6], (int)r0[9]);
+    run_products(pr, n_products, &a, r0[3], (int)r0[9]);
     act_free(&a);
     return 0;
 #else
@@ -713,8 +723,9 @@ int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int6
     int64_t *start = calloc((size_t)n_expert + 1, sizeof(int64_t));
     int64_t *order = malloc(sizeof(int64_t) * pairs), *active = malloc(sizeof(int64_t) * n_expert);
     float *x = malloc(sizeof(float) * pairs * K), *y = malloc(sizeof(float) * pairs * M);
+    product *pr = malloc(sizeof(product) * n_expert);       /* the experts in use */
     int status = 2;
-    if (start && order && active && x && y) {
+    if (start && order && active && x && y && pr) {
         for (int64_t i = 0; i < pairs; i++)
             start[ids[(i / n_used) * ids_stride + i % n_used] + 1]++;
         int64_t n_active = 0;
@@ -733,16 +744,14 @@ int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int6
             free(next);
             act_any a;
             if (act_quantize(&a, type, bits, x, K, K, pairs, n_threads)) {
-                const int64_t groups = M / ROWS16;
-                /* static: each thread streams one run of the weights (handed out one group at
-                 * a time, a decode step ran 20% slower), though the experts' row counts
-                 * differ */
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
-                for (int64_t w = 0; w < n_active * groups; w++) {
-                    const int64_t e = active[w / groups], first = start[e];
-                    group_rows(type, p + e * expert_bytes, w % groups, &a, first,
-                               start[e + 1] - first, y + first * M, M);
+                /* each expert in use a product of its rows (run_products shares them out) */
+                for (int64_t j = 0; j < n_active; j++) {
+                    const int64_t e = active[j], first = start[e];
+                    pr[j] = (product){type, p + e * expert_bytes, y + first * M, M, M / ROWS16,
+                                      pd_interleaved_bytes(type, ROWS16, K), first,
+                                      start[e + 1] - first};
                 }
+                run_products(pr, n_active, &a, K, n_threads);
                 act_free(&a);
                 for (int64_t at = 0; at < pairs; at++)
                     memcpy(d + order[at] * M, y + at * M, sizeof(float) * M);
@@ -753,6 +762,7 @@ int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int6
     free(start);
     free(order);
     free(active);
+    free(pr);
     free(x);
     free(y);
     return status;
