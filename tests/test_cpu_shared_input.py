@@ -147,3 +147,86 @@ def test_a_models_decode_step_joins_q_k_v_and_gate_up(tmp_path):
             plan.replayed = False
         np.testing.assert_array_equal(ev.eval([8]), joined)
         assert [p for p in ev.sched._step_plans if p] == plans     # the same plans ran
+
+
+class Experts:
+    """gate and up experts (MUL_MAT_ID) of one activation and one routing, next to each
+    other in the graph, planned once: ``types`` and ``rows`` per weight, ``n_expert`` each
+    (the second may have more: a routing valid for the first is valid for it)."""
+
+    def __init__(self, backend, rng, types, rows, n_expert, n_tokens, n_used=2) -> None:
+        wctx, ctx = Context(), Context()
+        self.weights = [wctx.new_tensor(t, (K, m, n_expert + i), name=f"experts{i}")
+                        for i, (t, m) in enumerate(zip(types, rows))]
+        self.x = ctx.new_tensor(GGMLType.F32, (K, 1, n_tokens), name="x")
+        self.ids = ctx.new_tensor(GGMLType.I32, (n_used, n_tokens), name="ids")
+        self.ys = [ops.mul_mat_id(ctx, w, self.x, self.ids) for w in self.weights]
+        self.backend = backend
+        self.wbuf = alloc_ctx_tensors(wctx, backend)
+        self.wbuf.usage = BufferUsage.WEIGHTS
+        self.buf = alloc_ctx_tensors(ctx, backend)
+        self.raws = [random_blocks(rng, t, m * w.ne[2], K)
+                     for t, m, w in zip(types, rows, self.weights)]
+        for w, raw in zip(self.weights, self.raws):
+            w.set_data(raw)
+        self.x_values = f32(rng, (n_tokens, 1, K))
+        self.x.set_data(self.x_values)
+        self.routing = np.stack([rng.choice(n_expert, n_used, replace=False)
+                                 for _ in range(n_tokens)]).astype(np.int32)
+        self.ids.set_data(self.routing)
+        self.plan = backend.graph_plan_create(build_graph(*self.ys))
+        self.run = next(s for s in self.plan.steps if isinstance(s, NativeRun))
+
+    def __call__(self, replayed: bool = True) -> list[np.ndarray]:
+        for y in self.ys:
+            y.set_data(np.full_like(y.numpy(), np.nan))
+        self.plan.replayed = replayed
+        self.backend.graph_plan_compute(self.plan)
+        return [y.numpy().copy() for y in self.ys]
+
+    def exact(self) -> list[np.ndarray]:
+        """Each token's experts' products in float64 from the decoded weights."""
+        x = self.x_values[:, 0].astype(np.float64)
+        out = []
+        for w, raw in zip(self.weights, self.raws):
+            experts = dequantize(raw, w.type).reshape(w.ne[2], w.ne[1], K).astype(np.float64)
+            out.append(np.einsum("tumk,tk->tum", experts[self.routing], x))
+        return out
+
+    def close(self) -> None:
+        self.backend.graph_plan_free(self.plan)
+        self.buf.close()
+        self.wbuf.close()
+
+
+@pytest.mark.parametrize("n_tokens", [1, 40])
+def test_gate_and_up_experts_of_one_routing_are_one_call(fast_cpu, rng, n_tokens):
+    """A mixture's gate and up (MUL_MAT_ID of one activation and one routing; Q4_K and Q6_K,
+    other rows and other expert counts) join: bit for bit the products one by one, and near
+    float64."""
+    experts = Experts(fast_cpu, rng, [GGMLType.Q4_K, GGMLType.Q6_K], [48, 32], 6, n_tokens)
+    try:
+        assert [len(e) for e in experts.run._entries] == [2]
+        joined, one_by_one = experts(), experts(replayed=False)
+        for got, alone, want in zip(joined, one_by_one, experts.exact()):
+            np.testing.assert_array_equal(got, alone)
+            np.testing.assert_allclose(got.reshape(want.shape), want, rtol=0,
+                                       atol=2e-4 * np.abs(want).max())
+    finally:
+        experts.close()
+
+
+def test_joined_experts_routed_outside_a_weight_raise_its_error(fast_cpu, rng):
+    """An expert id past the first weight's experts (valid for the second's): the joined call
+    writes nothing, and the products one by one raise the first's error."""
+    from polydev.errors import OutOfBoundsError
+
+    experts = Experts(fast_cpu, rng, [GGMLType.Q4_K, GGMLType.Q4_K], [32, 32], 6, 3)
+    try:
+        routing = experts.routing.copy()
+        routing[1, 0] = 6
+        experts.ids.set_data(routing)
+        with pytest.raises(OutOfBoundsError, match="mul_mat_id"):
+            experts()
+    finally:
+        experts.close()

@@ -29,6 +29,7 @@ class CallCode(IntEnum):
     GET_F32_ROWS = 14
     GET_ROWS = 15
     MUL_MAT_INTERLEAVED_SHARED = 16
+    MUL_MAT_ID_INTERLEAVED_SHARED = 17
 
 
 class CallRecord(ctypes.Structure):

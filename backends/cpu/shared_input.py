@@ -9,7 +9,10 @@ where the large products read 33-35. Here a replayed run's consecutive products 
 interleaved copies whose records share the activation (its address, stride and rows, K, the
 threads and the integers it is quantized to) over types with one block size become one
 ``MUL_MAT_INTERLEAVED_SHARED`` call (``pd_mul_mat_interleaved_shared``, native/interleaved.c):
-one quantization and one parallel region over all their weights.
+one quantization and one parallel region over all their weights. A mixture's gate and up
+experts (MUL_MAT_ID of one activation and one routing) join the same way
+(``pd_mul_mat_id_interleaved_shared``): the pairs sorted by expert, their rows gathered and
+quantized once, one parallel region over both weights' experts in use.
 
 The joined call reads each member's own record, so the members' prepares (which write their
 copies' addresses) work as before; a status other than 0 makes the replay run the members'
@@ -28,7 +31,14 @@ from .call_record import CallCode, CallRecord
 Call = Callable[[], None]
 
 MAX_SHARED = 8                       # SHARED_MAX in interleaved.c
-_SHARED_WORDS = ("x", "x_stride", "n_rows", "K", "n_threads", "bits")
+# a joinable call's code: the joined call's code, and the record's words the calls must share
+_JOINS = {
+    CallCode.MUL_MAT_INTERLEAVED: (CallCode.MUL_MAT_INTERLEAVED_SHARED,
+                                   ("x", "x_stride", "n_rows", "K", "n_threads", "bits")),
+    CallCode.MUL_MAT_ID_INTERLEAVED: (CallCode.MUL_MAT_ID_INTERLEAVED_SHARED,
+                                      ("K", "b", "n_b", "ids", "ids_stride", "n_tokens",
+                                       "n_used", "n_threads", "bits")),
+}
 
 
 class SharedInputCall:
@@ -41,8 +51,8 @@ class SharedInputCall:
         self._addresses = (ctypes.c_int64 * len(members))(*(m.address for m in members))
         self.args = SharedInputArguments(n_products=len(members),
                                          records=ctypes.addressof(self._addresses))
-        self.record = CallRecord(int(CallCode.MUL_MAT_INTERLEAVED_SHARED), self.args.address,
-                                 0.0, 0.0)
+        joined, _ = _JOINS[CallCode(calls[0].native.record.op)]
+        self.record = CallRecord(int(joined), self.args.address, 0.0, 0.0)
 
 
 def shared_input_groups(calls: list[Call]) -> list[list[Call]]:
@@ -60,8 +70,9 @@ def shared_input_groups(calls: list[Call]) -> list[list[Call]]:
 
 def _share_input(first: Call, call: Call) -> bool:
     a, b = first.native, call.native
-    if a.record.op != CallCode.MUL_MAT_INTERLEAVED or b.record.op != CallCode.MUL_MAT_INTERLEAVED:
+    join = _JOINS.get(a.record.op)
+    if join is None or b.record.op != a.record.op:
         return False
     block_size = kernels().block_size
-    return (all(getattr(a.args, word) == getattr(b.args, word) for word in _SHARED_WORDS)
+    return (all(getattr(a.args, word) == getattr(b.args, word) for word in join[1])
             and block_size(a.args.type) == block_size(b.args.type))

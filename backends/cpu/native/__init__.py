@@ -89,8 +89,6 @@ class NativeKernels:
         self.mul_mat_int16_packed = _entry(library.pd_mul_mat_int16_packed, [_ptr], _int)
         self.mul_mat_interleaved_packed = _entry(library.pd_mul_mat_interleaved_packed, [_ptr],
                                                  _int)
-        self.mul_mat_interleaved_shared_packed = _entry(
-            library.pd_mul_mat_interleaved_shared_packed, [_ptr], _int)
         self.mul_mat_id_interleaved_packed = _entry(library.pd_mul_mat_id_interleaved_packed,
                                                     [_ptr], _int)
         self.interleave = _entry(library.pd_interleave,

@@ -86,9 +86,10 @@ class MulMatInterleavedArguments(PackedArguments):
 
 class SharedInputArguments(PackedArguments):
     """The interleaved products of one activation run as one call: ``records`` is the address
-    of ``n_products`` addresses of their MulMatInterleavedArguments (interleaved.c)."""
+    of ``n_products`` addresses of their MulMatInterleavedArguments (or, MUL_MAT_ID's of one
+    routing too, their MulMatIdInterleavedArguments) (interleaved.c)."""
 
-    C_FUNCTIONS = ("pd_mul_mat_interleaved_shared",)
+    C_FUNCTIONS = ("pd_mul_mat_interleaved_shared", "pd_mul_mat_id_interleaved_shared")
     _fields_ = _words("n_products", "records")
 
 

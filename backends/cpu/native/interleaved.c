@@ -709,68 +709,121 @@ int pd_mul_mat_interleaved_shared_packed(const int64_t *a) {
  * loop covers every expert's groups. Returns 0; 1 where the type has no interleaved kernel, 2
  * when memory could not be had, 3 for an expert id outside [0, n_expert) (nothing written
  * then). */
+int pd_mul_mat_id_interleaved_shared(int64_t n_products, const int64_t *records);
+
 int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int64_t M,
                               int64_t K, const float *b, int64_t n_b, const int32_t *ids,
                               int64_t ids_stride, int64_t n_tokens, int64_t n_used, float *d,
                               int n_threads, int bits) {
+    const int64_t record[14] = {type, (int64_t)(intptr_t)p, n_expert, M, K,
+                                (int64_t)(intptr_t)b, n_b, (int64_t)(intptr_t)ids, ids_stride,
+                                n_tokens, n_used, (int64_t)(intptr_t)d, n_threads, bits};
+    const int64_t records[1] = {(int64_t)(intptr_t)record};
+    return pd_mul_mat_id_interleaved_shared(1, records);
+}
+
+/* The MUL_MAT_ID products of one activation and one routing (a mixture's gate and up
+ * experts): `n_products` records of pd_mul_mat_id_interleaved (at the addresses in `records`)
+ * whose b, n_b, ids, ids_stride, n_tokens, n_used, K, n_threads and bits are the same and
+ * whose types have blocks of one size, as one call: the pairs sorted, their rows gathered
+ * and quantized once, and one parallel region over every product's experts in use
+ * (run_products). Returns as pd_mul_mat_id_interleaved does; 1 also where the records do not
+ * share their activations and routing (nothing written then). */
+int pd_mul_mat_id_interleaved_shared(int64_t n_products, const int64_t *records) {
 #ifdef INTERLEAVED_KERNELS
-    const int64_t expert_bytes = pd_interleaved_bytes(type, M, K), pairs = n_tokens * n_used;
-    if (!group_kernel_of(type) || !expert_bytes) return 1;
+    if (n_products < 1 || n_products > SHARED_MAX) return 1;
+    const int64_t *r0 = (const int64_t *)(intptr_t)records[0];
+    int64_t most_experts = 0, y_floats = 0;
+    const int64_t K = r0[4], n_b = r0[6], ids_stride = r0[8], n_tokens = r0[9], n_used = r0[10];
+    const int64_t pairs = n_tokens * n_used;
+    for (int64_t i = 0; i < n_products; i++) {
+        const int64_t *r = (const int64_t *)(intptr_t)records[i];
+        for (int w = 4; w <= 13; w++)       /* K, b, n_b, ids, ..., n_used, n_threads, bits */
+            if (w != 11 && r[w] != r0[w]) return 1;
+        const int type = (int)r[0];
+        if (!group_kernel_of(type) || !pd_interleaved_bytes(type, r[3], K)
+            || block_values(type) != block_values((int)r0[0]))
+            return 1;
+        most_experts = r[2] > most_experts ? r[2] : most_experts;
+        y_floats += pairs * r[3];
+    }
+    const float *b = (const float *)(intptr_t)r0[5];
+    const int32_t *ids = (const int32_t *)(intptr_t)r0[7];
     for (int64_t t = 0; t < n_tokens; t++)
         for (int64_t u = 0; u < n_used; u++)
-            if (ids[t * ids_stride + u] < 0 || ids[t * ids_stride + u] >= n_expert) return 3;
+            for (int64_t i = 0; i < n_products; i++) {
+                const int64_t e = ids[t * ids_stride + u];
+                if (e < 0 || e >= ((const int64_t *)(intptr_t)records[i])[2]) return 3;
+            }
     /* the pairs in expert order (a counting sort), their b rows gathered in that order */
-    int64_t *start = calloc((size_t)n_expert + 1, sizeof(int64_t));
-    int64_t *order = malloc(sizeof(int64_t) * pairs), *active = malloc(sizeof(int64_t) * n_expert);
-    float *x = malloc(sizeof(float) * pairs * K), *y = malloc(sizeof(float) * pairs * M);
-    product *pr = malloc(sizeof(product) * n_expert);       /* the experts in use */
+    int64_t *start = calloc((size_t)most_experts + 1, sizeof(int64_t));
+    int64_t *next = calloc((size_t)most_experts, sizeof(int64_t));
+    int64_t *order = malloc(sizeof(int64_t) * pairs);
+    int64_t *active = malloc(sizeof(int64_t) * most_experts);
+    float *x = malloc(sizeof(float) * pairs * K), *y = malloc(sizeof(float) * y_floats);
+    product *pr = malloc(sizeof(product) * most_experts * n_products);  /* experts in use */
+    act_any a;
     int status = 2;
-    if (start && order && active && x && y && pr) {
+    if (start && next && order && active && x && y && pr) {
         for (int64_t i = 0; i < pairs; i++)
             start[ids[(i / n_used) * ids_stride + i % n_used] + 1]++;
         int64_t n_active = 0;
-        for (int64_t e = 0; e < n_expert; e++) {
+        for (int64_t e = 0; e < most_experts; e++) {
             if (start[e + 1]) active[n_active++] = e;
             start[e + 1] += start[e];
         }
-        int64_t *next = calloc((size_t)n_expert, sizeof(int64_t));
-        if (next) {
-            for (int64_t i = 0; i < pairs; i++) {
-                const int64_t t = i / n_used, u = i % n_used, e = ids[t * ids_stride + u];
-                const int64_t at = start[e] + next[e]++;
-                order[at] = i;
-                memcpy(x + at * K, b + (t * n_b + u % n_b) * K, sizeof(float) * K);
-            }
-            free(next);
-            act_any a;
-            if (act_quantize(&a, type, bits, x, K, K, pairs, n_threads)) {
-                /* each expert in use a product of its rows (run_products shares them out) */
-                for (int64_t j = 0; j < n_active; j++) {
+        for (int64_t i = 0; i < pairs; i++) {
+            const int64_t t = i / n_used, u = i % n_used, e = ids[t * ids_stride + u];
+            const int64_t at = start[e] + next[e]++;
+            order[at] = i;
+            memcpy(x + at * K, b + (t * n_b + u % n_b) * K, sizeof(float) * K);
+        }
+        if (act_quantize(&a, (int)r0[0], (int)r0[13], x, K, K, pairs, (int)r0[12])) {
+            /* each record's experts in use, each a product of its rows */
+            float *yi = y;
+            for (int64_t i = 0, k = 0; i < n_products; i++) {
+                const int64_t *r = (const int64_t *)(intptr_t)records[i];
+                const int type = (int)r[0];
+                const int64_t M = r[3], expert_bytes = pd_interleaved_bytes(type, M, K);
+                for (int64_t j = 0; j < n_active; j++, k++) {
                     const int64_t e = active[j], first = start[e];
-                    pr[j] = (product){type, p + e * expert_bytes, y + first * M, M, M / ROWS16,
+                    pr[k] = (product){type, (const uint8_t *)(intptr_t)r[1] + e * expert_bytes,
+                                      yi + first * M, M, M / ROWS16,
                                       pd_interleaved_bytes(type, ROWS16, K), first,
                                       start[e + 1] - first};
                 }
-                run_products(pr, n_active, &a, K, n_threads);
-                act_free(&a);
-                for (int64_t at = 0; at < pairs; at++)
-                    memcpy(d + order[at] * M, y + at * M, sizeof(float) * M);
-                status = 0;
+                yi += pairs * M;
             }
+            run_products(pr, n_active * n_products, &a, K, (int)r0[12]);
+            act_free(&a);
+            yi = y;
+            for (int64_t i = 0; i < n_products; i++) {      /* back in the pairs' order */
+                const int64_t *r = (const int64_t *)(intptr_t)records[i];
+                const int64_t M = r[3];
+                float *d = (float *)(intptr_t)r[11];
+                for (int64_t at = 0; at < pairs; at++)
+                    memcpy(d + order[at] * M, yi + at * M, sizeof(float) * M);
+                yi += pairs * M;
+            }
+            status = 0;
         }
     }
     free(start);
+    free(next);
     free(order);
     free(active);
-    free(pr);
     free(x);
     free(y);
+    free(pr);
     return status;
 #else
-    (void)type, (void)p, (void)n_expert, (void)M, (void)K, (void)b, (void)n_b, (void)ids;
-    (void)ids_stride, (void)n_tokens, (void)n_used, (void)d, (void)n_threads, (void)bits;
+    (void)n_products, (void)records;
     return 1;
 #endif
+}
+
+int pd_mul_mat_id_interleaved_shared_packed(const int64_t *a) {
+    return pd_mul_mat_id_interleaved_shared(a[0], (const int64_t *)(intptr_t)a[1]);
 }
 
 int pd_mul_mat_id_interleaved_packed(const int64_t *a) {

@@ -35,6 +35,7 @@ enum {
     PD_CALL_GET_F32_ROWS = 14,
     PD_CALL_GET_ROWS = 15,
     PD_CALL_MUL_MAT_INTERLEAVED_SHARED = 16,
+    PD_CALL_MUL_MAT_ID_INTERLEAVED_SHARED = 17,
 };
 
 void pd_mul_mat_packed(const int64_t *a);
@@ -54,6 +55,7 @@ void pd_clamp_f32_packed(const int64_t *a, float lo, float hi);
 int pd_get_f32_rows_packed(const int64_t *a);
 int pd_get_rows_f32_packed(const int64_t *a);
 int pd_mul_mat_interleaved_shared_packed(const int64_t *a);
+int pd_mul_mat_id_interleaved_shared_packed(const int64_t *a);
 
 /* one call's status: 0, or its entry point's nonzero status (the caller's Python call then
  * redoes it and raises the error that status stands for); -1 for an unknown code */
@@ -77,6 +79,7 @@ static int run_call(const pd_call *c) {
     case PD_CALL_GET_F32_ROWS: return pd_get_f32_rows_packed(a);
     case PD_CALL_GET_ROWS: return pd_get_rows_f32_packed(a);
     case PD_CALL_MUL_MAT_INTERLEAVED_SHARED: return pd_mul_mat_interleaved_shared_packed(a);
+    case PD_CALL_MUL_MAT_ID_INTERLEAVED_SHARED: return pd_mul_mat_id_interleaved_shared_packed(a);
     default: return -1;
     }
 }
