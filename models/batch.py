@@ -95,7 +95,7 @@ class UBatch:
         """``tokens`` of one sequence from position ``first_pos``."""
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         n = tokens.size
-        if n == 1 and outputs == "last":    # a decode step: one array for the two numbers
+        if n == 1 and outputs == "last":    # a decode step: one array for its three numbers
             numbers = np.array([first_pos, seq_id, 0], dtype=np.int32)
             return cls(tokens, numbers[0:1], numbers[1:2], numbers[2:3])
         out = np.arange(n, dtype=np.int32) if outputs == "all" else np.array([n - 1], np.int32)

@@ -190,8 +190,7 @@ class KVCells:
         self.shift[moving] += delta
         self._shifted = True
         dropped = moving & (self.pos < 0)     # emptied here: _release sees only pos >= 0
-        self._used -= int(np.count_nonzero(dropped))
-        self._low = 0
+        self._emptied(dropped)
         self.seqs[dropped] = 0
         self.pos[dropped] = -1
         self.shift[dropped] = 0
@@ -241,12 +240,18 @@ class KVCells:
             sel &= self.pos < p1
         return sel
 
+    def _emptied(self, cells: np.ndarray) -> None:
+        """Count the cells (a boolean mask over all of them) as emptied."""
+        n = int(np.count_nonzero(cells))
+        if n:
+            self._used -= n
+            self._low = min(self._low, int(cells.argmax()))
+
     def _release(self) -> None:
         """Empty the cells no sequence uses any more, and move ``end`` back."""
         gone = (self.seqs == 0) & (self.pos >= 0)
         self._last_pos.clear()
-        self._used -= int(np.count_nonzero(gone))
-        self._low = 0
+        self._emptied(gone)
         self.pos[gone] = -1
         self.shift[gone] = 0
         live = np.flatnonzero(self.pos[:self._end] >= 0)

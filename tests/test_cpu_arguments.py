@@ -77,3 +77,33 @@ def test_the_rope_angles_are_kernels_c_s_struct():
     assert names == [name for name, _ in arguments.RopeAngles._fields_]
     assert ctypes.sizeof(arguments.RopeAngles) == sum(
         ctypes.sizeof(kind) for _, kind in arguments.RopeAngles._fields_) == 88
+
+
+def _c_words(prefix: str) -> list[str]:
+    """The names of an ``enum { PREFIX_TYPE, ... }`` of the C sources, prefix and the closing
+    ``PREFIX_WORDS`` left out, lower case."""
+    body = re.search(rf"enum \{{\s*({prefix}_TYPE[^}}]*)\}};", C_SOURCE).group(1)
+    return [name[len(prefix) + 1:].lower() for name in re.findall(r"\w+", body)
+            if name != f"{prefix}_WORDS"]
+
+
+@pytest.mark.parametrize("prefix,record", [("MMI", arguments.MulMatInterleavedArguments),
+                                           ("MMID", arguments.MulMatIdInterleavedArguments)])
+def test_the_joined_calls_name_the_words_of_their_records(prefix, record):
+    """interleaved.c reads the records of the calls it joins word by word: its named word
+    positions are the records' fields, in order."""
+    assert _c_words(prefix) == [name.lower() for name, _ in record._fields_]
+
+
+def test_the_joined_calls_compare_the_words_shared_input_joins_on():
+    """The words a joined call checks the records share are those shared_input.py groups the
+    calls by, and both sides join at most as many calls."""
+    from polydev.backends.cpu.call_record import CallCode
+    from polydev.backends.cpu.shared_input import _JOINS, MAX_SHARED
+
+    for prefix, code in (("MMI", CallCode.MUL_MAT_INTERLEAVED),
+                         ("MMID", CallCode.MUL_MAT_ID_INTERLEAVED)):
+        body = re.search(rf"{prefix}_SHARED\[\] = \{{([^}}]*)\}}", C_SOURCE).group(1)
+        checked = {name[len(prefix) + 1:].lower() for name in re.findall(r"\w+", body)}
+        assert checked == {word.lower() for word in _JOINS[code][1]}
+    assert int(re.search(r"#define SHARED_MAX (\d+)", C_SOURCE).group(1)) == MAX_SHARED

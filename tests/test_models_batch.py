@@ -12,7 +12,7 @@ pytest.importorskip("gguf")
 
 from polydev.errors import ContextFullError, InvalidArgumentError  # noqa: E402
 from polydev.models import Batch, load  # noqa: E402
-from polydev.models.batch import padded_size  # noqa: E402
+from polydev.models.batch import UBatch, padded_size  # noqa: E402
 from polydev.models.evaluator import Evaluator  # noqa: E402
 from polydev.models.kv_cells import KVCells  # noqa: E402
 
@@ -145,6 +145,20 @@ def test_cells_and_masks_follow_the_sequences(ops_, window):
                          np.empty((1, size), np.float16))
         assert (one[0] == 0).tolist() == naive.allowed(int(pos), int(seq), size, window)
         assert set(one[0].tolist()) <= {0.0, -np.inf}
+
+
+def test_a_decode_steps_ubatch_is_as_any_other():
+    """One token's UBatch (its numbers made as one array) holds what the general path's
+    would, as int32, and pads and splits as any other."""
+    ub = UBatch.of_sequence([42], 17, 5)
+    general = UBatch.of_sequence([42, 43], 17, 5).split(1)[0]
+    for got, want in zip((ub.tokens, ub.positions, ub.seq_ids, ub.outputs),
+                         (general.tokens, general.positions, general.seq_ids, [0])):
+        assert got.dtype == np.int32 and got.tolist() == list(want)
+    padded = ub.padded(3)
+    assert (padded.tokens.tolist(), padded.positions.tolist(), padded.seq_ids.tolist(),
+            padded.outputs.tolist()) == ([42] * 3, [17] * 3, [5] * 3, [0])
+    assert ub.split(4) == [ub]
 
 
 def test_sequence_ids_are_checked():

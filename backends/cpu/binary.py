@@ -14,11 +14,10 @@ no longer splits a step's run of calls.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
-
-from types import SimpleNamespace
 
 from polydev.backends.array.elementwise import bind_binary, bind_scale
 from polydev.ops import Op, ScaleParams

@@ -24,9 +24,9 @@ from __future__ import annotations
 import ctypes
 from typing import Callable
 
+from .call_record import CallCode, CallRecord
 from .native import kernels
 from .native.arguments import SharedInputArguments
-from .call_record import CallCode, CallRecord
 
 Call = Callable[[], None]
 

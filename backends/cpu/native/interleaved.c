@@ -537,7 +537,7 @@ typedef struct {
  * (a mixture's decode step ran 20% slower); here each thread's blocks follow each other until
  * it steals. */
 #define STEAL_BYTES (32 * 1024)
-#define MAX_TEAM 64
+#define SMALL_TEAM 16              /* threads, and products, whose bookkeeping is on the stack */
 typedef struct {
     _Alignas(64) int64_t next;       /* the owner's next group; a cache line of its own */
     int64_t end;
@@ -548,56 +548,58 @@ typedef struct {
     int64_t i, G;
 } place;
 
-static inline place place_of(const product *pr, int64_t n_products, int64_t u) {
-    place at = {0, u};
-    while (at.i + 1 < n_products && at.G >= pr[at.i].groups) at.G -= pr[at.i++].groups;
-    return at;
+/* group u's place: starts[i] is product i's first group end to end (a binary search: a
+ * mixture's joined gate and up are hundreds of products in a prompt) */
+static inline place place_of(const int64_t *starts, int64_t n_products, int64_t u) {
+    int64_t lo = 0, hi = n_products - 1;                 /* the last product starting <= u */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= u) lo = mid;
+        else hi = mid - 1;
+    }
+    return (place){lo, u - starts[lo]};
 }
 
 static inline void step_place(const product *pr, int64_t n_products, place *at) {
     if (++at->G >= pr[at->i].groups && at->i + 1 < n_products) at->G = 0, at->i++;
 }
 
+/* the products and what run_groups needs to walk them */
+typedef struct {
+    const product *pr;
+    const int64_t *starts;
+    int64_t n;
+    const act_any *a;
+} products;
+
 /* groups [u, stop) of the products, for their rows [r, r + pass) */
-static void run_groups(const product *pr, int64_t n_products, const act_any *a, int64_t u,
-                       int64_t stop, int64_t r, int64_t pass) {
-    place at = place_of(pr, n_products, u);
-    for (; u < stop; u++, step_place(pr, n_products, &at)) {
-        const product *q = &pr[at.i];
+static void run_groups(const products *ps, int64_t u, int64_t stop, int64_t r, int64_t pass) {
+    place at = place_of(ps->starts, ps->n, u);
+    for (; u < stop; u++, step_place(ps->pr, ps->n, &at)) {
+        const product *q = &ps->pr[at.i];
         if (r >= q->rows) continue;
         const int64_t n = q->rows - r < pass ? q->rows - r : pass;
-        group_rows(q->type, q->p, at.G, a, q->row0 + r, n, q->y + r * q->y_stride, q->y_stride);
+        group_rows(q->type, q->p, at.G, ps->a, q->row0 + r, n, q->y + r * q->y_stride,
+                   q->y_stride);
     }
 }
 
-static void stream_shares(const product *pr, int64_t n_products, const act_any *a,
-                          int64_t pass, share *shares, int team, int me, int64_t block) {
+static void stream_shares(const products *ps, int64_t pass, share *shares, int team, int me,
+                          int64_t block) {
     for (int k = 0; k < team; k++) {
         share *s = &shares[(me + k) % team];
         for (;;) {
             const int64_t u = __atomic_fetch_add(&s->next, block, __ATOMIC_RELAXED);
             if (u >= s->end) break;
-            run_groups(pr, n_products, a, u, u + block < s->end ? u + block : s->end, 0, pass);
+            run_groups(ps, u, u + block < s->end ? u + block : s->end, 0, pass);
         }
     }
 }
 
-/* The products' groups for their activation rows in passes of rows_per_pass: where every
- * product's rows are one pass (a decode step, a few sequences, a mixture's experts) shared
- * out by stream_shares; a prompt's passes each over a fixed share of about the same bytes per
- * thread (the rows are many, the threads' work even). */
-static void run_products(const product *pr, int64_t n_products, const act_any *a, int64_t K,
-                         int n_threads) {
-    int64_t total = 0, groups = 0, most = 0;
-    for (int64_t i = 0; i < n_products; i++) {
-        total += pr[i].groups * pr[i].group_bytes;
-        groups += pr[i].groups;
-        most = pr[i].rows > most ? pr[i].rows : most;
-    }
-    const int64_t pass = rows_per_pass(K, a->bits);
-    share shares[MAX_TEAM];
-    const int team = n_threads < MAX_TEAM ? (n_threads > 1 ? n_threads : 1) : MAX_TEAM;
-    /* thread t's share: the groups that start in bytes [total t / team, total (t + 1) / team) */
+/* thread t's share of `team`: the groups that start in bytes [total t / team, total (t + 1) /
+ * team) of the products' groups end to end */
+static void share_out(const product *pr, int64_t n_products, int64_t total, share *shares,
+                      int team) {
     for (int t = 0; t <= team; t++) {
         const int64_t at = total * t / team;
         int64_t first = 0, before = 0;
@@ -614,9 +616,39 @@ static void run_products(const product *pr, int64_t n_products, const act_any *a
         if (t < team) shares[t].next = first;
         if (t > 0) shares[t - 1].end = first;
     }
-    shares[team - 1].end = groups;
+}
+
+/* The products' groups for their activation rows in passes of rows_per_pass: where every
+ * product's rows are one pass (a decode step, a few sequences, a mixture's experts) shared
+ * out by stream_shares; a prompt's passes each over a fixed share of about the same bytes per
+ * thread (the rows are many, the threads' work even). Returns 0, or 2 where its bookkeeping's
+ * memory could not be had (nothing written then). */
+static int run_products(const product *pr, int64_t n_products, const act_any *a, int64_t K,
+                        int n_threads) {
+    const int team = n_threads > 1 ? n_threads : 1;
+    share small_shares[SMALL_TEAM];
+    int64_t small_starts[SMALL_TEAM + 1];
+    share *shares = team <= SMALL_TEAM ? small_shares
+                                       : aligned_alloc(64, sizeof(share) * (size_t)team);
+    int64_t *starts = n_products <= SMALL_TEAM ? small_starts
+                                               : malloc(sizeof(int64_t) * (n_products + 1));
+    if (!shares || !starts) {
+        if (shares != small_shares) free(shares);
+        if (starts != small_starts) free(starts);
+        return 2;
+    }
+    int64_t total = 0, most = 0;
+    starts[0] = 0;
+    for (int64_t i = 0; i < n_products; i++) {
+        total += pr[i].groups * pr[i].group_bytes;
+        starts[i + 1] = starts[i] + pr[i].groups;
+        most = pr[i].rows > most ? pr[i].rows : most;
+    }
+    const int64_t groups = starts[n_products], pass = rows_per_pass(K, a->bits);
+    share_out(pr, n_products, total, shares, team);
     const int64_t block = STEAL_BYTES / pr[0].group_bytes > 1 ? STEAL_BYTES / pr[0].group_bytes
                                                                : 1;
+    const products ps = {pr, starts, n_products, a};
 #pragma omp parallel num_threads(team) if (team > 1)
     {
 #ifdef _OPENMP
@@ -625,14 +657,52 @@ static void run_products(const product *pr, int64_t n_products, const act_any *a
         const int me = 0, threads = 1;
 #endif
         if (most <= pass && threads == team) {
-            stream_shares(pr, n_products, a, pass, shares, team, me, block);
-        } else {
+            stream_shares(&ps, pass, shares, team, me, block);
+        } else {              /* fewer threads than asked for: the first does it all */
             const int64_t lo = threads == team ? shares[me].next : me == 0 ? 0 : groups;
             const int64_t hi = threads == team ? shares[me].end : groups;
-            for (int64_t r = 0; r < most; r += pass)
-                run_groups(pr, n_products, a, lo, hi, r, pass);
+            for (int64_t r = 0; r < most; r += pass) run_groups(&ps, lo, hi, r, pass);
         }
     }
+    if (shares != small_shares) free(shares);
+    if (starts != small_starts) free(starts);
+    return 0;
+}
+#endif
+
+/* The words of pd_mul_mat_interleaved's record (MulMatInterleavedArguments) and of
+ * pd_mul_mat_id_interleaved's (MulMatIdInterleavedArguments), and those the calls joined into
+ * one share (shared_input.py's _JOINS); a test reads these against the records. */
+enum { MMI_TYPE, MMI_P, MMI_M, MMI_K, MMI_X, MMI_X_STRIDE, MMI_N_ROWS, MMI_Y, MMI_Y_STRIDE,
+       MMI_N_THREADS, MMI_BITS, MMI_WORDS };
+enum { MMID_TYPE, MMID_P, MMID_N_EXPERT, MMID_M, MMID_K, MMID_B, MMID_N_B, MMID_IDS,
+       MMID_IDS_STRIDE, MMID_N_TOKENS, MMID_N_USED, MMID_D, MMID_N_THREADS, MMID_BITS,
+       MMID_WORDS };
+static const int MMI_SHARED[] = {MMI_X, MMI_X_STRIDE, MMI_N_ROWS, MMI_K, MMI_N_THREADS, MMI_BITS};
+static const int MMID_SHARED[] = {MMID_K, MMID_B, MMID_N_B, MMID_IDS, MMID_IDS_STRIDE,
+                                  MMID_N_TOKENS, MMID_N_USED, MMID_N_THREADS, MMID_BITS};
+#define SHARED_MAX 8               /* calls joined into one at most (shared_input.py's) */
+
+/* record i of `records` (an address), as its words */
+static inline const int64_t *record_at(const int64_t *records, int64_t i) {
+    return (const int64_t *)(intptr_t)records[i];
+}
+
+#ifdef INTERLEAVED_KERNELS
+/* 1 where the records share the words `shared` and their types' interleaved kernels take
+ * blocks of one size (the activations are quantized once for all of them) */
+static int records_share(const int64_t *records, int64_t n, const int *shared, int n_shared,
+                         int type_word) {
+    const int64_t *r0 = record_at(records, 0);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t *r = record_at(records, i);
+        for (int w = 0; w < n_shared; w++)
+            if (r[shared[w]] != r0[shared[w]]) return 0;
+        if (!group_kernel_of((int)r[type_word])
+            || block_values((int)r[type_word]) != block_values((int)r0[type_word]))
+            return 0;
+    }
+    return 1;
 }
 #endif
 
@@ -643,20 +713,11 @@ static void run_products(const product *pr, int64_t n_products, const act_any *a
 int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, const float *x,
                            int64_t x_stride, int64_t n_rows, float *y, int64_t y_stride,
                            int n_threads, int bits) {
-#ifdef INTERLEAVED_KERNELS
-    if (!group_kernel_of(type) || !pd_interleaved_bytes(type, M, K)) return 1;
-    act_any a;
-    if (!act_quantize(&a, type, bits, x, x_stride, K, n_rows, n_threads)) return 2;
-    const product one = {type, p, y, y_stride, M / ROWS16, pd_interleaved_bytes(type, ROWS16, K),
-                         0, n_rows};
-    run_products(&one, 1, &a, K, n_threads);
-    act_free(&a);
-    return 0;
-#else
-    (void)type, (void)p, (void)M, (void)K, (void)x, (void)x_stride, (void)n_rows, (void)y;
-    (void)y_stride, (void)n_threads, (void)bits;
-    return 1;
-#endif
+    const int64_t record[MMI_WORDS] = {type, (int64_t)(intptr_t)p, M, K, (int64_t)(intptr_t)x,
+                                       x_stride, n_rows, (int64_t)(intptr_t)y, y_stride,
+                                       n_threads, bits};
+    const int64_t records[1] = {(int64_t)(intptr_t)record};
+    return pd_mul_mat_interleaved_shared(1, records);
 }
 
 /* The products of one activation (a layer's q, k and v; its gate and up): `n_products`
@@ -668,30 +729,31 @@ int pd_mul_mat_interleaved(int type, const uint8_t *p, int64_t M, int64_t K, con
  * quantization and its streams' ramp for a third of a megabyte. Returns as
  * pd_mul_mat_interleaved does; 1 also where the records do not share their activations
  * (nothing written then). */
-#define SHARED_MAX 8
 int pd_mul_mat_interleaved_shared(int64_t n_products, const int64_t *records) {
 #ifdef INTERLEAVED_KERNELS
     product pr[SHARED_MAX];
-    if (n_products < 1 || n_products > SHARED_MAX) return 1;
-    const int64_t *r0 = (const int64_t *)(intptr_t)records[0];
+    if (n_products < 1 || n_products > SHARED_MAX
+        || !records_share(records, n_products, MMI_SHARED, sizeof MMI_SHARED / sizeof(int),
+                          MMI_TYPE))
+        return 1;
+    const int64_t *r0 = record_at(records, 0);
+    const int64_t K = r0[MMI_K], n_rows = r0[MMI_N_ROWS];
     for (int64_t i = 0; i < n_products; i++) {
-        const int64_t *r = (const int64_t *)(intptr_t)records[i];
-        const int type = (int)r[0];
-        for (int w = 3; w <= 10; w++)                 /* K, x, x_stride, n_rows, ..., bits */
-            if (w != 7 && w != 8 && r[w] != r0[w]) return 1;
-        if (!group_kernel_of(type) || !pd_interleaved_bytes(type, r[2], r[3])
-            || block_values(type) != block_values((int)r0[0]))
-            return 1;
-        pr[i] = (product){type, (const uint8_t *)(intptr_t)r[1], (float *)(intptr_t)r[7], r[8],
-                          r[2] / ROWS16, pd_interleaved_bytes(type, ROWS16, r[3]), 0, r0[6]};
+        const int64_t *r = record_at(records, i);
+        const int type = (int)r[MMI_TYPE];
+        if (!pd_interleaved_bytes(type, r[MMI_M], K)) return 1;
+        pr[i] = (product){type, (const uint8_t *)(intptr_t)r[MMI_P],
+                          (float *)(intptr_t)r[MMI_Y], r[MMI_Y_STRIDE], r[MMI_M] / ROWS16,
+                          pd_interleaved_bytes(type, ROWS16, K), 0, n_rows};
     }
     act_any a;
-    if (!act_quantize(&a, (int)r0[0], (int)r0[10], (const float *)(intptr_t)r0[4], r0[5], r0[3],
-                      r0[6], (int)r0[9]))
+    if (!act_quantize(&a, (int)r0[MMI_TYPE], (int)r0[MMI_BITS],
+                      (const float *)(intptr_t)r0[MMI_X], r0[MMI_X_STRIDE], K, n_rows,
+                      (int)r0[MMI_N_THREADS]))
         return 2;
-    run_products(pr, n_products, &a, r0[3], (int)r0[9]);
+    const int status = run_products(pr, n_products, &a, K, (int)r0[MMI_N_THREADS]);
     act_free(&a);
-    return 0;
+    return status;
 #else
     (void)n_products, (void)records;
     return 1;
@@ -709,18 +771,35 @@ int pd_mul_mat_interleaved_shared_packed(const int64_t *a) {
  * loop covers every expert's groups. Returns 0; 1 where the type has no interleaved kernel, 2
  * when memory could not be had, 3 for an expert id outside [0, n_expert) (nothing written
  * then). */
-int pd_mul_mat_id_interleaved_shared(int64_t n_products, const int64_t *records);
-
 int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int64_t M,
                               int64_t K, const float *b, int64_t n_b, const int32_t *ids,
                               int64_t ids_stride, int64_t n_tokens, int64_t n_used, float *d,
                               int n_threads, int bits) {
-    const int64_t record[14] = {type, (int64_t)(intptr_t)p, n_expert, M, K,
-                                (int64_t)(intptr_t)b, n_b, (int64_t)(intptr_t)ids, ids_stride,
-                                n_tokens, n_used, (int64_t)(intptr_t)d, n_threads, bits};
+    const int64_t record[MMID_WORDS] = {type, (int64_t)(intptr_t)p, n_expert, M, K,
+                                        (int64_t)(intptr_t)b, n_b, (int64_t)(intptr_t)ids,
+                                        ids_stride, n_tokens, n_used, (int64_t)(intptr_t)d,
+                                        n_threads, bits};
     const int64_t records[1] = {(int64_t)(intptr_t)record};
     return pd_mul_mat_id_interleaved_shared(1, records);
 }
+
+#ifdef INTERLEAVED_KERNELS
+/* 1 where every token's experts are below every record's n_expert */
+static int routed_within(const int64_t *records, int64_t n) {
+    const int64_t *r0 = record_at(records, 0);
+    const int32_t *ids = (const int32_t *)(intptr_t)r0[MMID_IDS];
+    int64_t fewest = r0[MMID_N_EXPERT];
+    for (int64_t i = 1; i < n; i++)
+        fewest = record_at(records, i)[MMID_N_EXPERT] < fewest
+                     ? record_at(records, i)[MMID_N_EXPERT] : fewest;
+    for (int64_t t = 0; t < r0[MMID_N_TOKENS]; t++)
+        for (int64_t u = 0; u < r0[MMID_N_USED]; u++) {
+            const int64_t e = ids[t * r0[MMID_IDS_STRIDE] + u];
+            if (e < 0 || e >= fewest) return 0;
+        }
+    return 1;
+}
+#endif
 
 /* The MUL_MAT_ID products of one activation and one routing (a mixture's gate and up
  * experts): `n_products` records of pd_mul_mat_id_interleaved (at the addresses in `records`)
@@ -731,30 +810,24 @@ int pd_mul_mat_id_interleaved(int type, const uint8_t *p, int64_t n_expert, int6
  * share their activations and routing (nothing written then). */
 int pd_mul_mat_id_interleaved_shared(int64_t n_products, const int64_t *records) {
 #ifdef INTERLEAVED_KERNELS
-    if (n_products < 1 || n_products > SHARED_MAX) return 1;
-    const int64_t *r0 = (const int64_t *)(intptr_t)records[0];
+    if (n_products < 1 || n_products > SHARED_MAX
+        || !records_share(records, n_products, MMID_SHARED, sizeof MMID_SHARED / sizeof(int),
+                          MMID_TYPE))
+        return 1;
+    const int64_t *r0 = record_at(records, 0);
+    const int64_t K = r0[MMID_K], n_b = r0[MMID_N_B], ids_stride = r0[MMID_IDS_STRIDE];
+    const int64_t n_used = r0[MMID_N_USED], pairs = r0[MMID_N_TOKENS] * n_used;
+    const int n_threads = (int)r0[MMID_N_THREADS];
     int64_t most_experts = 0, y_floats = 0;
-    const int64_t K = r0[4], n_b = r0[6], ids_stride = r0[8], n_tokens = r0[9], n_used = r0[10];
-    const int64_t pairs = n_tokens * n_used;
     for (int64_t i = 0; i < n_products; i++) {
-        const int64_t *r = (const int64_t *)(intptr_t)records[i];
-        for (int w = 4; w <= 13; w++)       /* K, b, n_b, ids, ..., n_used, n_threads, bits */
-            if (w != 11 && r[w] != r0[w]) return 1;
-        const int type = (int)r[0];
-        if (!group_kernel_of(type) || !pd_interleaved_bytes(type, r[3], K)
-            || block_values(type) != block_values((int)r0[0]))
-            return 1;
-        most_experts = r[2] > most_experts ? r[2] : most_experts;
-        y_floats += pairs * r[3];
+        const int64_t *r = record_at(records, i);
+        if (!pd_interleaved_bytes((int)r[MMID_TYPE], r[MMID_M], K)) return 1;
+        most_experts = r[MMID_N_EXPERT] > most_experts ? r[MMID_N_EXPERT] : most_experts;
+        y_floats += pairs * r[MMID_M];
     }
-    const float *b = (const float *)(intptr_t)r0[5];
-    const int32_t *ids = (const int32_t *)(intptr_t)r0[7];
-    for (int64_t t = 0; t < n_tokens; t++)
-        for (int64_t u = 0; u < n_used; u++)
-            for (int64_t i = 0; i < n_products; i++) {
-                const int64_t e = ids[t * ids_stride + u];
-                if (e < 0 || e >= ((const int64_t *)(intptr_t)records[i])[2]) return 3;
-            }
+    if (!routed_within(records, n_products)) return 3;
+    const float *b = (const float *)(intptr_t)r0[MMID_B];
+    const int32_t *ids = (const int32_t *)(intptr_t)r0[MMID_IDS];
     /* the pairs in expert order (a counting sort), their b rows gathered in that order */
     int64_t *start = calloc((size_t)most_experts + 1, sizeof(int64_t));
     int64_t *next = calloc((size_t)most_experts, sizeof(int64_t));
@@ -778,34 +851,35 @@ int pd_mul_mat_id_interleaved_shared(int64_t n_products, const int64_t *records)
             order[at] = i;
             memcpy(x + at * K, b + (t * n_b + u % n_b) * K, sizeof(float) * K);
         }
-        if (act_quantize(&a, (int)r0[0], (int)r0[13], x, K, K, pairs, (int)r0[12])) {
+        if (act_quantize(&a, (int)r0[MMID_TYPE], (int)r0[MMID_BITS], x, K, K, pairs,
+                         n_threads)) {
             /* each record's experts in use, each a product of its rows */
             float *yi = y;
             for (int64_t i = 0, k = 0; i < n_products; i++) {
-                const int64_t *r = (const int64_t *)(intptr_t)records[i];
-                const int type = (int)r[0];
-                const int64_t M = r[3], expert_bytes = pd_interleaved_bytes(type, M, K);
+                const int64_t *r = record_at(records, i);
+                const int type = (int)r[MMID_TYPE];
+                const int64_t M = r[MMID_M], expert_bytes = pd_interleaved_bytes(type, M, K);
                 for (int64_t j = 0; j < n_active; j++, k++) {
                     const int64_t e = active[j], first = start[e];
-                    pr[k] = (product){type, (const uint8_t *)(intptr_t)r[1] + e * expert_bytes,
+                    pr[k] = (product){type,
+                                      (const uint8_t *)(intptr_t)r[MMID_P] + e * expert_bytes,
                                       yi + first * M, M, M / ROWS16,
                                       pd_interleaved_bytes(type, ROWS16, K), first,
                                       start[e + 1] - first};
                 }
                 yi += pairs * M;
             }
-            run_products(pr, n_active * n_products, &a, K, (int)r0[12]);
+            status = run_products(pr, n_active * n_products, &a, K, n_threads);
             act_free(&a);
             yi = y;
-            for (int64_t i = 0; i < n_products; i++) {      /* back in the pairs' order */
-                const int64_t *r = (const int64_t *)(intptr_t)records[i];
-                const int64_t M = r[3];
-                float *d = (float *)(intptr_t)r[11];
+            for (int64_t i = 0; i < n_products && status == 0; i++) {   /* in the pairs' order */
+                const int64_t *r = record_at(records, i);
+                const int64_t M = r[MMID_M];
+                float *d = (float *)(intptr_t)r[MMID_D];
                 for (int64_t at = 0; at < pairs; at++)
                     memcpy(d + order[at] * M, yi + at * M, sizeof(float) * M);
                 yi += pairs * M;
             }
-            status = 0;
         }
     }
     free(start);

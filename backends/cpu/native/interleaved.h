@@ -146,4 +146,7 @@ group_kernel8 group_kernel8_of(int type);
 #endif
 
 #endif
+/* the joined calls of interleaved.c (each plain product is the one-record case of its) */
+int pd_mul_mat_interleaved_shared(int64_t n_products, const int64_t *records);
+int pd_mul_mat_id_interleaved_shared(int64_t n_products, const int64_t *records);
 #endif
