@@ -23,29 +23,13 @@ pytestmark = pytest.mark.skipif(kernels() is None, reason="no C compiler for the
 K = 512
 
 
-class Products:
-    """y_i = W_i x_(i's activation) for weights of ``types`` with ``rows`` rows each, the
-    products next to each other in the graph (expanded in order), planned once."""
+class Planned:
+    """Products ``ys`` of weights in a weights buffer (``wbuf``; the rest in ``buf``),
+    planned once (``planned`` sets these)."""
 
-    def __init__(self, backend, rng, types, rows, n_tokens=1, activations=None) -> None:
-        activations = activations or [0] * len(types)
-        wctx, ctx = Context(), Context()
-        self.weights = [wctx.new_tensor_2d(t, K, m, name=f"w{i}")
-                        for i, (t, m) in enumerate(zip(types, rows))]
-        self.xs = [ctx.new_tensor_2d(GGMLType.F32, K, n_tokens, name=f"x{j}")
-                   for j in range(max(activations) + 1)]
-        self.ys = [ops.mul_mat(ctx, w, self.xs[j]) for w, j in zip(self.weights, activations)]
-        self.activations, self.backend = activations, backend
-        self.wbuf = alloc_ctx_tensors(wctx, backend)
-        self.wbuf.usage = BufferUsage.WEIGHTS
-        self.buf = alloc_ctx_tensors(ctx, backend)
-        self.raws = [random_blocks(rng, t, m, K) for t, m in zip(types, rows)]
-        for w, raw in zip(self.weights, self.raws):
-            w.set_data(raw)
-        self.x_values = [f32(rng, (n_tokens, K)) for _ in self.xs]
-        for x, values in zip(self.xs, self.x_values):
-            x.set_data(values)
-        self.plan = backend.graph_plan_create(build_graph(*self.ys))
+    def planned(self, backend, wbuf, buf, ys) -> None:
+        self.backend, self.wbuf, self.buf, self.ys = backend, wbuf, buf, ys
+        self.plan = backend.graph_plan_create(build_graph(*ys))
         self.run = next(s for s in self.plan.steps if isinstance(s, NativeRun))
 
     def groups(self) -> list[int]:
@@ -59,16 +43,45 @@ class Products:
         self.backend.graph_plan_compute(self.plan)
         return [y.numpy().copy() for y in self.ys]
 
+    def close(self) -> None:
+        self.backend.graph_plan_free(self.plan)
+        self.buf.close()
+        self.wbuf.close()
+
+
+def _weights_buffer(wctx, backend):
+    wbuf = alloc_ctx_tensors(wctx, backend)
+    wbuf.usage = BufferUsage.WEIGHTS
+    return wbuf
+
+
+class Products(Planned):
+    """y_i = W_i x_(i's activation) for weights of ``types`` with ``rows`` rows each, the
+    products next to each other in the graph (expanded in order), planned once."""
+
+    def __init__(self, backend, rng, types, rows, n_tokens=1, activations=None) -> None:
+        activations = activations or [0] * len(types)
+        wctx, ctx = Context(), Context()
+        self.weights = [wctx.new_tensor_2d(t, K, m, name=f"w{i}")
+                        for i, (t, m) in enumerate(zip(types, rows))]
+        self.xs = [ctx.new_tensor_2d(GGMLType.F32, K, n_tokens, name=f"x{j}")
+                   for j in range(max(activations) + 1)]
+        ys = [ops.mul_mat(ctx, w, self.xs[j]) for w, j in zip(self.weights, activations)]
+        self.activations = activations
+        wbuf, buf = _weights_buffer(wctx, backend), alloc_ctx_tensors(ctx, backend)
+        self.raws = [random_blocks(rng, t, m, K) for t, m in zip(types, rows)]
+        for w, raw in zip(self.weights, self.raws):
+            w.set_data(raw)
+        self.x_values = [f32(rng, (n_tokens, K)) for _ in self.xs]
+        for x, values in zip(self.xs, self.x_values):
+            x.set_data(values)
+        self.planned(backend, wbuf, buf, ys)
+
     def exact(self) -> list[np.ndarray]:
         """The products in float64 from the decoded weights."""
         return [self.x_values[j].astype(np.float64)
                 @ dequantize(raw, w.type).reshape(w.ne[1], K).astype(np.float64).T
                 for w, raw, j in zip(self.weights, self.raws, self.activations)]
-
-    def close(self) -> None:
-        self.backend.graph_plan_free(self.plan)
-        self.buf.close()
-        self.wbuf.close()
 
 
 @pytest.fixture
@@ -149,7 +162,7 @@ def test_a_models_decode_step_joins_q_k_v_and_gate_up(tmp_path):
         assert [p for p in ev.sched._step_plans if p] == plans     # the same plans ran
 
 
-class Experts:
+class Experts(Planned):
     """gate and up experts (MUL_MAT_ID) of one activation and one routing, next to each
     other in the graph, planned once: ``types`` and ``rows`` per weight, ``n_expert`` each
     (the second may have more: a routing valid for the first is valid for it)."""
@@ -160,11 +173,8 @@ class Experts:
                         for i, (t, m) in enumerate(zip(types, rows))]
         self.x = ctx.new_tensor(GGMLType.F32, (K, 1, n_tokens), name="x")
         self.ids = ctx.new_tensor(GGMLType.I32, (n_used, n_tokens), name="ids")
-        self.ys = [ops.mul_mat_id(ctx, w, self.x, self.ids) for w in self.weights]
-        self.backend = backend
-        self.wbuf = alloc_ctx_tensors(wctx, backend)
-        self.wbuf.usage = BufferUsage.WEIGHTS
-        self.buf = alloc_ctx_tensors(ctx, backend)
+        ys = [ops.mul_mat_id(ctx, w, self.x, self.ids) for w in self.weights]
+        wbuf, buf = _weights_buffer(wctx, backend), alloc_ctx_tensors(ctx, backend)
         self.raws = [random_blocks(rng, t, m * w.ne[2], K)
                      for t, m, w in zip(types, rows, self.weights)]
         for w, raw in zip(self.weights, self.raws):
@@ -174,15 +184,7 @@ class Experts:
         self.routing = np.stack([rng.choice(n_expert, n_used, replace=False)
                                  for _ in range(n_tokens)]).astype(np.int32)
         self.ids.set_data(self.routing)
-        self.plan = backend.graph_plan_create(build_graph(*self.ys))
-        self.run = next(s for s in self.plan.steps if isinstance(s, NativeRun))
-
-    def __call__(self, replayed: bool = True) -> list[np.ndarray]:
-        for y in self.ys:
-            y.set_data(np.full_like(y.numpy(), np.nan))
-        self.plan.replayed = replayed
-        self.backend.graph_plan_compute(self.plan)
-        return [y.numpy().copy() for y in self.ys]
+        self.planned(backend, wbuf, buf, ys)
 
     def exact(self) -> list[np.ndarray]:
         """Each token's experts' products in float64 from the decoded weights."""
@@ -193,11 +195,6 @@ class Experts:
             out.append(np.einsum("tumk,tk->tum", experts[self.routing], x))
         return out
 
-    def close(self) -> None:
-        self.backend.graph_plan_free(self.plan)
-        self.buf.close()
-        self.wbuf.close()
-
 
 @pytest.mark.parametrize("n_tokens", [1, 40])
 def test_gate_and_up_experts_of_one_routing_are_one_call(fast_cpu, rng, n_tokens):
@@ -206,7 +203,7 @@ def test_gate_and_up_experts_of_one_routing_are_one_call(fast_cpu, rng, n_tokens
     float64."""
     experts = Experts(fast_cpu, rng, [GGMLType.Q4_K, GGMLType.Q6_K], [48, 32], 6, n_tokens)
     try:
-        assert [len(e) for e in experts.run._entries] == [2]
+        assert experts.groups() == [2]
         joined, one_by_one = experts(), experts(replayed=False)
         for got, alone, want in zip(joined, one_by_one, experts.exact()):
             np.testing.assert_array_equal(got, alone)

@@ -44,15 +44,20 @@ def bind_native_binary(env, node: Tensor) -> Callable[[], None]:
     d_view, a_view, b_view = env.view(node), env.view(a), env.view(b)
     if overlaps_shifted(d_view, a_view) or overlaps_shifted(d_view, b_view):
         return bind_binary(env, node)     # numpy buffers the overlap; the threads would not
-    args = BinaryArguments(a=TensorWords.of(a_view.ctypes.data, a),
-                           b=TensorWords.of(b_view.ctypes.data, b),
-                           d=TensorWords.of(d_view.ctypes.data, node),
-                           op=_CODES[node.op], n_threads=env.n_threads)
+    return _bound(env, TensorWords.of(a_view.ctypes.data, a),
+                  TensorWords.of(b_view.ctypes.data, b),
+                  TensorWords.of(d_view.ctypes.data, node), node.op)
+
+
+def _bound(env, a: TensorWords, b: TensorWords, d: TensorWords, op: Op,
+           *keep: object) -> Callable[[], None]:
+    """The bound call of pd_binary_f32 (``keep``: what its record points to, kept alive)."""
+    args = BinaryArguments(a=a, b=b, d=d, op=_CODES[op], n_threads=env.n_threads)
     binary, where = kernels().binary_f32_packed, args.address
 
     def run() -> None:
         binary(where)
-    run.keep_alive = args
+    run.keep_alive = (args, *keep)
     return replayable(run, CallCode.BINARY, args)
 
 
@@ -78,13 +83,6 @@ def bind_native_scale(env, node: Tensor) -> Callable[[], None]:
         return bind_scale(env, node)
     factor = np.array([ScaleParams.of(node).scale], dtype=np.float32)   # b: one value
     one = SimpleNamespace(ne=(1, 1, 1, 1), nb=(4, 4, 4, 4))
-    args = BinaryArguments(a=TensorWords.of(a_view.ctypes.data, a),
-                           b=TensorWords.of(factor.ctypes.data, one),
-                           d=TensorWords.of(d_view.ctypes.data, node),
-                           op=_CODES[Op.MUL], n_threads=env.n_threads)
-    binary, where = kernels().binary_f32_packed, args.address
-
-    def run() -> None:
-        binary(where)
-    run.keep_alive = (args, factor)
-    return replayable(run, CallCode.BINARY, args)
+    return _bound(env, TensorWords.of(a_view.ctypes.data, a),
+                  TensorWords.of(factor.ctypes.data, one),
+                  TensorWords.of(d_view.ctypes.data, node), Op.MUL, factor)
