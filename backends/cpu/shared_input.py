@@ -46,8 +46,7 @@ class SharedInputCall:
     (``shared_input_groups`` made the group)."""
 
     def __init__(self, calls: list[Call]) -> None:
-        self.calls = calls
-        members = [call.native.args for call in calls]
+        members = [call.native.args for call in calls]     # the calls keep them alive
         self._addresses = (ctypes.c_int64 * len(members))(*(m.address for m in members))
         self.args = SharedInputArguments(n_products=len(members),
                                          records=ctypes.addressof(self._addresses))
