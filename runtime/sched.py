@@ -25,7 +25,7 @@ import sys
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 from .alloc import GraphAllocator
@@ -68,6 +68,19 @@ class _Step:
     copies: dict[tuple[int, int], list[Tensor]]   # (id(src), backend) -> copy per slot
     resolve: dict[int, Tensor]                # id(original node) -> its twin
     ids: Assignment
+    planned: Graph                            # the graph whose tensors the fields name
+    # a graph of the same structure that took the step over (Scheduler._took_over_allocated)
+    # and, made when first asked, id(its tensor) -> the planned graph's tensor in its place
+    caller: Graph | None = None
+    _names: dict[int, Tensor] | None = field(default=None, repr=False)
+
+    def named(self, t: Tensor) -> Tensor:
+        """The tensor of the planned graph that ``t`` stands for (``t`` itself if planned)."""
+        if self.caller is None:
+            return t
+        if self._names is None:
+            self._names = _correspondence(self.caller, self.planned)
+        return self._names.get(id(t), t)
 
 
 class Scheduler(Resource):
@@ -104,7 +117,7 @@ class Scheduler(Resource):
         self.debug = env_int(DEBUG_ENV)
         self._user = Assignment()
         self._step: _Step | None = None
-        self._signature: tuple | None = None
+        self._signature: list | None = None
         self._last_graph: Graph | None = None      # the graph the signature belongs to
         self._last_step: _Step | None = None       # and its placement
         # (id of a graph, copy slot) -> (the graph, its size, its step)
@@ -166,14 +179,17 @@ class Scheduler(Resource):
 
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
         """The backend ``t`` was placed on (or pinned to), or None."""
-        ids = self._step.ids if self._step is not None else self._user
-        b = ids.get(t)
+        if self._step is None:
+            b = self._user.get(t)
+        else:
+            b = self._step.ids.get(self._step.named(t))
         return self.backends[b] if b != -1 else None
 
     def placement(self, t: Tensor) -> tuple[str, str] | None:
         """(backend name, cause) of ``t`` in the last placement, e.g. ("OpenCL0", "1.wgt0")."""
-        if self._step is None or self._step.ids.get(t) == -1:
+        if self._step is None or self._step.ids.get(self._step.named(t)) == -1:
             return None
+        t = self._step.named(t)
         return self.backends[self._step.ids.get(t)].name, self._step.ids.cause(t)
 
     def set_eval_callback(self, callback: EvalCallback | None) -> None:
@@ -206,27 +222,30 @@ class Scheduler(Resource):
         since) keeps everything as it is: a decode loop that computes one graph with new
         inputs pays nothing here, as ggml's graph reuse does."""
         self._check_open()
-        if (self.n_copies == 1 and graph is self._allocated_graph
-                and (graph.n_nodes, graph.n_leafs) == self._allocated_size):
+        size = (graph.n_nodes, graph.n_leafs)
+        if self.n_copies == 1 and graph is self._allocated_graph and size == self._allocated_size:
             return
         self.cur_copy = self._next_copy
         self._next_copy = (self._next_copy + 1) % self.n_copies
-        step = self._placed(graph)
-        sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
+        step = self._kept_step(graph)
+        if step is None:
+            signature = _signature(graph)
+            if self.n_copies == 1 and self._took_over_allocated(graph, signature):
+                return
+            step = self._remembered(graph, self._plan(graph, signature))
+        sched_graph, node_ids, leaf_ids = self._allocation_graph(step.planned, step)
         if not self.galloc.alloc_graph(sched_graph):
             self._sync_backends()          # the copy slots stay as they are
             self.galloc.reserve(sched_graph, node_ids, leaf_ids)
             if not self.galloc.alloc_graph(sched_graph):
                 raise AllocationError("the scheduler could not allocate the graph")
-        for node in graph.nodes:                   # the caller's nodes share their twins' memory
-            twin = step.resolve[id(node)]
-            node.buffer, node.offset = twin.buffer, twin.offset
+        self._give_memory(graph, step)
         self._step = step
         self._allocated_graph = graph
         self._allocated_size = (graph.n_nodes, graph.n_leafs)
         self._step_plans = [None] * len(step.splits)   # found (or made) on first compute
         if self.debug:
-            self._print_splits(graph, step)
+            self._print_splits(step)
 
     def compute(self, graph: Graph) -> bool:
         """Compute ``graph`` and wait; False when an eval callback cancelled it."""
@@ -305,28 +324,70 @@ class Scheduler(Resource):
 
     # --- planning -------------------------------------------------------------------------------
 
-    def _placed(self, graph: Graph) -> _Step:
-        """``graph``'s placement: kept from an earlier allocation of the same graph object
+    def _kept_step(self, graph: Graph) -> _Step | None:
+        """``graph``'s placement if kept from an earlier allocation of the same graph object
         (no node or leaf added since) in the same copy slot (a step's twins read the slot
-        it was built for), else planned."""
-        size = (graph.n_nodes, graph.n_leafs)
+        it was built for)."""
         key = (id(graph), self.cur_copy)
         kept = self._kept.get(key)
-        if kept is not None and kept[0] is graph and kept[1] == size:
+        if kept is not None and kept[0] is graph and kept[1] == (graph.n_nodes, graph.n_leafs):
             self._kept.move_to_end(key)
             return kept[2]
-        step = self._plan(graph)
-        self._kept[key] = (graph, size, step)
+        return None
+
+    def _remembered(self, graph: Graph, step: _Step) -> _Step:
+        """``step``, kept as ``graph``'s placement in the current copy slot."""
+        self._kept[(id(graph), self.cur_copy)] = (graph, (graph.n_nodes, graph.n_leafs), step)
         while len(self._kept) > _GRAPHS_KEPT * self.n_copies:
             self._kept.popitem(last=False)
         return step
 
-    def _plan(self, graph: Graph) -> _Step:
+    def _took_over_allocated(self, graph: Graph, signature: list) -> bool:
+        """Give ``graph`` the allocated graph's step when it has the same structure (a loop
+        that builds a new graph each step, as llama.cpp rebuilds its decode graph): its
+        nodes and leafs take the memory their counterparts in the planned graph have, and the
+        twins, their copies, their memory and their bound plans stay as they are. Nothing is
+        placed, built or allocated again: the step only learns the new graph's names for the
+        planned tensors (placements) and its nodes (callbacks). False, changing nothing, for
+        a graph of another structure (``signature``) or where the allocated step is not the
+        last one planned."""
+        old_graph, old = self._allocated_graph, self._step
+        if (old_graph is None or old is not self._last_step or old_graph is not self._last_graph
+                or signature != self._signature):
+            return False
+        originals = [graph.nodes[split.i_start:split.i_end] for split in old.splits]
+        step = replace(old, originals=originals, caller=graph, _names=None)
+        self._give_memory(graph, step)
+        self._step = self._last_step = self._remembered(graph, step)
+        self._allocated_graph = self._last_graph = graph
+        self._allocated_size = (graph.n_nodes, graph.n_leafs)
+        if self.debug:
+            self._print_splits(step)
+        return True
+
+    @staticmethod
+    def _give_memory(graph: Graph, step: _Step) -> None:
+        """The caller's nodes share their twins' memory; the leafs of a graph that took over
+        another's step (it planned their counterparts) share their counterparts' (for a
+        leaf that had memory of its own the signature made that the same memory)."""
+        planned = step.planned
+        for node, planned_node in zip(graph.nodes, planned.nodes):
+            twin = step.resolve[id(planned_node)]
+            node.buffer, node.offset = twin.buffer, twin.offset
+        if planned is not graph:
+            for leaf, planned_leaf in zip(graph.leafs, planned.leafs):
+                leaf.buffer, leaf.offset = planned_leaf.buffer, planned_leaf.offset
+
+    def _check_size(self, graph: Graph) -> None:
         if graph.n_nodes + graph.n_leafs > 2 * self.graph_size:
             raise InvalidArgumentError(f"graph of {graph.n_nodes} nodes and {graph.n_leafs} "
                                        f"leafs exceeds the scheduler's graph size "
                                        f"{self.graph_size}")
-        signature = _signature(graph)
+
+    def _plan(self, graph: Graph, signature: list | None = None) -> _Step:
+        self._check_size(graph)
+        if signature is None:
+            signature = _signature(graph)
         if self._last_step is not None and signature == self._signature:
             return self._replan(graph)
         ids, splits = plan_splits(self.backends, self.bufts, self.op_offload, self._user, graph)
@@ -337,12 +398,10 @@ class Scheduler(Resource):
 
     def _replan(self, graph: Graph) -> _Step:
         """The last placement moved onto a graph of the same structure (no passes)."""
-        old_graph, old = self._last_graph, self._last_step
-        mapping = _correspondence(old_graph, graph)
+        old = self._last_step
+        mapping = _correspondence(old.planned, graph)
         ids = old.ids.remapped(mapping)
-        splits = [Split(s.backend_id, s.i_start, s.i_end,
-                        [mapping[id(t)] for t in s.inputs], set(s.reads_from))
-                  for s in old.splits]
+        splits = _renamed_splits(old.splits, mapping)
         self._last_graph = graph
         self._last_step = self._build_step(graph, ids, splits)
         return self._last_step
@@ -372,7 +431,7 @@ class Scheduler(Resource):
                 g.add_node(twin)
             graphs.append(g)
             originals.append(graph.nodes[split.i_start:split.i_end])
-        return _Step(splits, graphs, originals, copies, resolve, ids)
+        return _Step(splits, graphs, originals, copies, resolve, ids, graph)
 
     def _source_for(self, src: Tensor, backend_id: int, copies, ids: Assignment,
                     resolved) -> Tensor:
@@ -486,7 +545,8 @@ class Scheduler(Resource):
 
     # --- debugging ------------------------------------------------------------------------------
 
-    def _print_splits(self, graph: Graph, step: _Step) -> None:
+    def _print_splits(self, step: _Step) -> None:
+        graph = step.planned
         out = sys.stderr
         for k, split in enumerate(step.splits):
             inputs = " ".join(f"[{s.name} ({s.nbytes / 1024:.0f}K)]" for s in split.inputs)
@@ -534,22 +594,37 @@ def _twin(node: Tensor, resolved, source_for) -> Tensor:
 
 
 def _tensor_key(t: Tensor) -> tuple:
-    buf = t.buffer if t.buffer is not None else None
-    return (t.op, t.type, t.ne, t.nb, t.op_params, int(t.flags),
-            id(buf) if buf is not None else None, t.offset if buf is not None else None)
+    buf = t.buffer
+    if buf is None:
+        return (t.op, t.type, t.ne, t.nb, t.op_params, t.flags, None, None)
+    return (t.op, t.type, t.ne, t.nb, t.op_params, t.flags, id(buf), t.offset)
 
 
-def _signature(graph: Graph) -> tuple:
-    """The structure of ``graph``: equal signatures place and split the same way."""
-    index = {id(t): ("n", i) for i, t in enumerate(graph.nodes)}
-    index.update({id(t): ("l", i) for i, t in enumerate(graph.leafs)})
+def _signature(graph: Graph) -> list:
+    """The structure of ``graph``: equal signatures place and split the same way. A source
+    is named by its place in the graph (nodes from 1, leafs from -1), or by its key when it
+    is in neither. (Computed for every new graph of a loop that builds one per step, so
+    written for speed: one flat tuple a node, no call for a source in the graph.)"""
+    index = {id(t): i for i, t in enumerate(graph.nodes, 1)}
+    index.update({id(t): -i for i, t in enumerate(graph.leafs, 1)})
+    place = index.get
+    signature = []
+    for n in graph.nodes:
+        refs = []
+        for t in n.src:
+            refs.append(None if t is None else place(id(t)) or _tensor_key(t))
+        t, buf = n.view_src, n.buffer
+        signature.append((n.op, n.type, n.ne, n.nb, n.op_params, n.flags,
+                          None if buf is None else id(buf), None if buf is None else n.offset,
+                          None if t is None else place(id(t)) or _tensor_key(t), *refs))
+    signature += [_tensor_key(leaf) for leaf in graph.leafs]
+    return signature
 
-    def ref(t: Tensor | None):
-        if t is None:
-            return None
-        return index.get(id(t)) or ("x",) + _tensor_key(t)
-    return tuple((_tensor_key(n), tuple(ref(s) for s in n.src), ref(n.view_src))
-                 for n in graph.nodes) + tuple(_tensor_key(leaf) for leaf in graph.leafs)
+
+def _renamed_splits(splits: list[Split], mapping: dict[int, Tensor]) -> list[Split]:
+    """``splits`` with their inputs named by the new graph's tensors (``mapping``)."""
+    return [Split(s.backend_id, s.i_start, s.i_end, [mapping[id(t)] for t in s.inputs],
+                  set(s.reads_from)) for s in splits]
 
 
 def _correspondence(old: Graph, new: Graph) -> dict[int, Tensor]:

@@ -181,6 +181,101 @@ def test_a_new_graph_of_the_same_structure_keeps_the_bound_plans(rng, monkeypatc
         b.close()
 
 
+def _counting_builds_and_allocations(monkeypatch) -> tuple[list, list]:
+    """Lists that grow by one for each step of twins the scheduler builds and each graph the
+    allocator lays out."""
+    built, allocated = [], []
+    real_build, real_alloc = Scheduler._build_step, GraphAllocator.alloc_graph
+    monkeypatch.setattr(Scheduler, "_build_step",
+                        lambda self, *a: built.append(1) or real_build(self, *a))
+    monkeypatch.setattr(GraphAllocator, "alloc_graph",
+                        lambda self, g: allocated.append(1) or real_alloc(self, g))
+    return built, allocated
+
+
+@pytest.mark.parametrize("use_opencl", [False, pytest.param(True, marks=needs_opencl)])
+def test_a_new_graph_of_the_allocated_structure_takes_over_its_step(rng, monkeypatch,
+                                                                    use_opencl):
+    """A loop that builds a new graph per step (bench/sched.py's reuse path): from the second
+    step on nothing is built or allocated again, each new graph computes with its own
+    inputs, and the scheduler answers for its tensors as for the first graph's."""
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    backends = ([OPENCL[0].init_backend()] if use_opencl else []) + [polydev.init_backend("CPU")]
+    built, allocated = _counting_builds_and_allocations(monkeypatch)
+    with Scheduler(backends) as sched:
+        buf, t = _weights(backends[0], {"w0": w0v})
+        buf1, t1 = _weights(backends[-1], {"w1": w1v})
+        with buf, buf1:
+            x0, y0, first = _mlp(t["w0"], t1["w1"])
+            sched.alloc_graph(first)
+            placements = [sched.placement(n) for n in first.nodes + [x0]]
+            counts = (len(built), len(allocated))
+            for _ in range(4):
+                _new_graph_step(sched, t["w0"], t1["w1"], w0v, w1v, rng)
+                x, y, graph = _mlp(t["w0"], t1["w1"])
+                sched.alloc_graph(graph)
+                assert [sched.placement(n) for n in graph.nodes + [x]] == placements
+                assert sched.get_tensor_backend(y) is sched.get_tensor_backend(y0)
+            assert (len(built), len(allocated)) == counts
+            assert sched.n_splits == (2 if use_opencl else 1)
+    for b in backends:
+        b.close()
+
+
+@needs_opencl
+def test_graphs_that_took_over_a_step_compute_again_in_any_order(backends, rng, monkeypatch):
+    """Graph objects kept by the scheduler come back after others took their step over (a
+    server alternating graphs): each computes with its own inputs and its own outputs."""
+    ocl, cpu = backends[0], backends[-1]
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    buf0, t0 = _weights(ocl, {"w0": w0v})
+    buf1, t1 = _weights(cpu, {"w1": w1v})
+    with buf0, buf1, Scheduler([ocl, cpu]) as sched:
+        graphs = [_mlp(t0["w0"], t1["w1"]) for _ in range(3)]
+        for k in (0, 1, 2, 0, 2, 1, 1, 0):
+            x, y, graph = graphs[k]
+            sched.alloc_graph(graph)
+            xv = rng.standard_normal((3, K)).astype(np.float32)
+            x.set_data(xv)
+            sched.compute(graph)
+            np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v), rtol=1e-4,
+                                       atol=1e-5)
+
+
+def test_a_new_graph_reading_other_memory_is_placed_again(rng, monkeypatch):
+    """Equal structure means the same weights at the same bytes: a new graph over another
+    weight buffer is placed and allocated anew, and computes with its own weights; one with
+    a leaf the caller allocated at the same bytes takes the step over."""
+    w0v, w1v, w2v = rng.standard_normal((3, K, K)).astype(np.float32)
+    built, allocated = _counting_builds_and_allocations(monkeypatch)
+    with polydev.init_backend("CPU") as cpu, Scheduler([cpu]) as sched:
+        buf, t = _weights(cpu, {"w0": w0v, "w1": w1v})
+        buf2, t2 = _weights(cpu, {"w2": w2v})
+        with buf, buf2:
+            _new_graph_step(sched, t["w0"], t["w1"], w0v, w1v, rng)
+            counts = (len(built), len(allocated))
+            _new_graph_step(sched, t["w0"], t2["w2"], w0v, w2v, rng)
+            assert len(built) == counts[0] + 1 and len(allocated) > counts[1]
+            counts = (len(built), len(allocated))
+            _new_graph_step(sched, t["w0"], t2["w2"], w0v, w2v, rng)
+            assert (len(built), len(allocated)) == counts
+
+
+def test_eval_callbacks_see_the_nodes_of_the_graph_that_took_over(rng):
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    with polydev.init_backend("CPU") as cpu, Scheduler([cpu]) as sched:
+        buf, t = _weights(cpu, {"w0": w0v, "w1": w1v})
+        with buf:
+            _new_graph_step(sched, t["w0"], t["w1"], w0v, w1v, rng)
+            x, y, graph = _mlp(t["w0"], t["w1"])
+            seen = []
+            sched.set_eval_callback(lambda node, ask: seen.append(node) or True)
+            sched.alloc_graph(graph)
+            x.set_data(rng.standard_normal((3, K)).astype(np.float32))
+            assert sched.compute(graph)
+            assert {id(n) for n in seen} == {id(n) for n in graph.nodes}
+
+
 def test_the_same_graph_again_is_neither_placed_nor_allocated_again(rng, monkeypatch):
     """A decode loop computing one Graph object with new inputs: after the first step,
     alloc_graph keeps the placement and the memory; a node added to the graph, or a tensor
@@ -293,14 +388,23 @@ def test_random_graphs_match_one_cpu(backends, data):
     op_names = data.draw(st.lists(st.sampled_from(OPS), min_size=n_layers, max_size=n_layers))
     n_tokens = data.draw(st.sampled_from([1, 3, 8]))
     weights = [rng.standard_normal((K, K)).astype(np.float32) / 8 for _ in range(n_layers)]
-    xv = rng.standard_normal((n_tokens, K)).astype(np.float32)
+    inputs = rng.standard_normal((2, n_tokens, K)).astype(np.float32)
 
     def run(owner_of_layer, scheduler_backends):
+        """The outputs for each input, each from a new graph (the second takes over the
+        first's step)."""
         bufs, ws = [], []
         for i, w in enumerate(weights):
             buf, t = _weights(owner_of_layer(i), {f"w{i}": w})
             bufs.append(buf)
             ws.append(t[f"w{i}"])
+        with Scheduler(scheduler_backends) as sched:
+            results = [step(sched, ws, xv) for xv in inputs]
+        for b in bufs:
+            b.close()
+        return results
+
+    def step(sched, ws, xv):
         ctx = Context()
         x = ctx.new_tensor(GGMLType.F32, (K, n_tokens), "x").set_input()
         cur = x
@@ -319,14 +423,10 @@ def test_random_graphs_match_one_cpu(backends, data):
                 cur = getattr(ops, name)(ctx, cur)
         out = cur.set_output()
         graph = build_graph(out)
-        with Scheduler(scheduler_backends) as sched:
-            sched.alloc_graph(graph)
-            x.set_data(xv)
-            sched.compute(graph)
-            result = out.numpy().copy()
-        for b in bufs:
-            b.close()
-        return result
+        sched.alloc_graph(graph)
+        x.set_data(xv)
+        sched.compute(graph)
+        return out.numpy().copy()
 
     cpu = backends[-1]
     expected = run(lambda i: cpu, [cpu])
