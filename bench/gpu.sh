@@ -20,7 +20,8 @@
 #                               bench/cuda_model.py on the 1B-class Q4_K model with and without
 #                               CUDA graphs (llama-bench beside it where .gpu carries a build);
 #                               bench/cuda_profile.py (a decode step's time by op); compare's
-#                               products and attention on CUDA0 (about 4 minutes in all)
+#                               products and attention on CUDA0; bench/sched.py over CUDA0
+#                               and the CPU (the scheduler's cost per split; about 5 minutes)
 #   bash bench/gpu.sh threads   there: install; bench/threads.py (CPU thread scaling) against
 #                               ../shared's portable llama-cpp-python wheel
 #
@@ -236,6 +237,7 @@ decode() {
     step profile 60 "python3 bench/cuda_profile.py 'llama 1B-class Q4_K'"
     step compare 60 "python3 -m polydev.tools.cli compare -b CUDA0 \
 -o MUL_MAT,MUL_MAT_ID,FLASH_ATTN_EXT -j 4"
+    step sched 60 "python3 bench/sched.py --device CUDA0 --json --quick >'$OUT/sched.json'"
     summary
 }
 
@@ -251,7 +253,7 @@ summary() {
             [ -s "$f" ] && echo "$(basename "$f" .jsonl): $(grep '"summary"' "$f" | tail -1)"
         done
         for f in "$OUT"/cuda_ops.json "$OUT"/cuda_model.json "$OUT"/serve.json \
-                 "$OUT"/threads.json; do
+                 "$OUT"/threads.json "$OUT"/sched.json; do
             [ -s "$f" ] && python3 bench/figures.py "$f"
         done
     } >"$OUT/summary.txt" 2>&1
