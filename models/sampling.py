@@ -108,8 +108,7 @@ class Sampler:
         top = float(finite.max())
         log_total = top + float(np.log(np.sum(np.exp(finite - top))))
         k = min(n_top, finite.size)
-        ids = np.argpartition(-scaled, k - 1)[:k] if k else np.zeros(0, np.int64)
-        ids = ids[np.argsort(-scaled[ids], kind="stable")]   # minus infinity sorts last
+        ids = _top_k(scaled, k)[0] if k else np.zeros(0, np.int64)
         return TokenLogprob(int(token), float(scaled[token]) - log_total,
                             tuple((int(i), float(scaled[i]) - log_total) for i in ids))
 
@@ -130,15 +129,19 @@ class Sampler:
         return logits
 
 
+_BLOCK = 256        # values per block whose maximum bounds the top k from below (_candidates)
+
+
 def _top_k(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The token ids of the k largest values and those values, sorted descending (k <= 0:
     all, sorted); of equal values the lower ids."""
     if 0 < k < len(values):
-        # the k-th largest value, then the ids at or above it in one pass (more than k only
-        # where values tie with it): over a 262k vocabulary 2.4x faster than argpartition,
-        # which needs a negated copy too
-        kth = np.partition(values, len(values) - k)[len(values) - k]
-        ids = np.flatnonzero(values >= kth)
+        ids = _candidates(values, k)
+        # the k-th largest value among them, then the ids at or above it (more than k only
+        # where values tie with it)
+        chosen = values[ids]
+        kth = np.partition(chosen, len(chosen) - k)[len(chosen) - k]
+        ids = ids[chosen >= kth]
         if ids.size > k:
             above = ids[values[ids] > kth]
             ids = np.concatenate([above, ids[values[ids] == kth][:k - above.size]])
@@ -147,6 +150,20 @@ def _top_k(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     values = values[ids]
     order = np.argsort(-values, kind="stable")
     return ids[order], values[order]
+
+
+def _candidates(values: np.ndarray, k: int) -> np.ndarray:
+    """Ascending ids that include the k largest values and every value tied with the k-th:
+    those at or above the k-th largest of the blocks' maxima (k blocks' maxima are k values
+    at or above it, so the k-th largest value is too). A selection over a 262k vocabulary
+    took 1.6 ms, most of a sampled token's time; the blocks' maxima and one comparison take
+    about a tenth of that, and leave a few hundred values to select from."""
+    n_blocks = len(values) // _BLOCK
+    if n_blocks < 4 * k:
+        return np.arange(len(values))
+    maxima = values[:n_blocks * _BLOCK].reshape(n_blocks, _BLOCK).max(axis=1)
+    floor = np.partition(maxima, n_blocks - k)[n_blocks - k]
+    return np.flatnonzero(values >= floor)
 
 
 def _top_p(ids: np.ndarray, values: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,7 @@ pytest.importorskip("regex")
 
 from polydev.errors import InvalidArgumentError  # noqa: E402
 from polydev.models.chat_template import CHATML, render_chat  # noqa: E402
+from polydev.models import sampling  # noqa: E402
 from polydev.models.sampling import Sampler, SamplingParams  # noqa: E402
 from polydev.models.streaming import Utf8Stream  # noqa: E402
 from polydev.tools.cli import main  # noqa: E402
@@ -47,6 +48,37 @@ def test_the_chain_draws_only_survivors(top_k, top_p, min_p):
     drawn = {sampler.sample(logits) for _ in range(400)}
     assert drawn <= allowed
     assert len(drawn) > 1 or len(allowed) == 1
+
+
+def _k_largest(values: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest values, by value descending then id ascending."""
+    return np.lexsort((np.arange(len(values)), -values))[:k]
+
+
+def _vocabulary_logits(rng, n: int, case: str) -> np.ndarray:
+    logits = (rng.standard_normal(n) * 3).astype(np.float32)
+    if case == "ties":                     # a few values, each many times
+        logits = np.round(logits).astype(np.float32)
+    elif case == "masked":                 # a grammar's mask: all but a few at minus infinity
+        logits[rng.random(n) < 0.999] = -np.inf
+    elif case == "flat":
+        logits[:] = 1.0
+    elif case == "one block":              # the largest values crowded into one block
+        logits[1000:1256] += 100.0
+    return logits
+
+
+@pytest.mark.parametrize("n", [262144, 49152, 32000 + 77, 5000])
+@pytest.mark.parametrize("case", ["random", "ties", "masked", "flat", "one block"])
+def test_top_k_over_a_vocabulary_is_the_k_largest_with_lower_ids_first(n, case):
+    """The top-k step bounds the k-th largest value by blocks' maxima before selecting: the
+    ids, their order and the ties are those of a full sort."""
+    rng = np.random.default_rng(n)
+    logits = _vocabulary_logits(rng, n, case)
+    for k in (1, 5, 40, 200, n - 1):
+        ids, values = sampling._top_k(logits, k)
+        np.testing.assert_array_equal(ids, _k_largest(logits, k))
+        np.testing.assert_array_equal(values, logits[ids])
 
 
 def test_temperature_zero_is_greedy_and_seeds_repeat():
