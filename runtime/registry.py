@@ -45,7 +45,8 @@ class Registry:
         self._regs: list[Reg] = []
         self._extra_devices: list[Device] = []
         self._load_errors: dict[str, str] = {}
-        self._loaded = False
+        self._loaded = False                    # every selected entry point
+        self._loaded_eps: set[str] = set()      # the entry points loaded (by lowercase name)
         self._lock = threading.RLock()
 
     # --- registration -----------------------------------------------------------------------
@@ -58,9 +59,11 @@ class Registry:
             selected = _selected(metadata.entry_points(group=ENTRY_POINT_GROUP))
             self._loaded = True
             for ep in selected:
-                self._load_entry_point(ep)
+                if ep.name.lower() not in self._loaded_eps:
+                    self._load_entry_point(ep)
 
     def _load_entry_point(self, ep: metadata.EntryPoint) -> None:
+        self._loaded_eps.add(ep.name.lower())
         start = time.perf_counter()
         try:
             result = ep.load()()
@@ -129,20 +132,42 @@ class Registry:
             raise InvalidArgumentError(f"a device is named by a string such as \"CPU\" or "
                                        f"\"cuda:0\", or given as a Device; got {name!r}")
         key = name.strip().lower()
+        alone = self._device_from_its_backend_alone(key)
+        if alone is not None:
+            return alone
         devs = self.devices
         for d in devs:
             if d.name.lower() == key:
                 return d
-        reg_name, _, index = key.partition(":")
+        reg_name = key.partition(":")[0]
         for r in self.regs:
-            if r.name.lower() == reg_name and r.devices:
-                if not index:
-                    return r.devices[0]
-                if index.isdigit() and int(index) < len(r.devices):
-                    return r.devices[int(index)]
+            found = _named_device(r, key) if r.name.lower() == reg_name else None
+            if found is not None:
+                return found
         known = ", ".join(d.name for d in devs) or "none"
         raise DeviceNotFoundError(f"unknown device {name!r}; known devices: {known}"
                                   f"{self._why_not(key)}")
+
+    def _device_from_its_backend_alone(self, key: str) -> Device | None:
+        """The device named exactly ``key`` (lowercase), loading only the entry point its name
+        begins with ("cpu" for "CPU", "opencl" for "OpenCL1") while the others are not
+        loaded yet: a program that asks for the CPU alone (``devices=[]``, ``--device
+        none``) never starts another backend's driver (an OpenCL platform's compiler held
+        80 MiB of memory in a CPU-only process). None where no entry point has that name, or
+        its backend has no such device: the caller then looks through every backend."""
+        if self._loaded:
+            return None
+        backend = re.sub(r"\d+$", "", key.partition(":")[0])
+        with self._lock:
+            if self._loaded:
+                return None
+            for ep in _selected(metadata.entry_points(group=ENTRY_POINT_GROUP)):
+                if ep.name.lower() == backend and backend not in self._loaded_eps:
+                    self._load_entry_point(ep)
+            for r in self._regs:
+                if r.name.lower() == backend:
+                    return _named_device(r, key)
+            return None
 
     def _why_not(self, key: str) -> str:
         """Why the backend a name points at ("cuda:0", "CUDA1", "cuda") has no devices."""
@@ -176,6 +201,18 @@ class Registry:
 
     def init_best_backend(self) -> Backend:
         return self.best_device().init_backend()
+
+
+def _named_device(reg: Reg, key: str) -> Device | None:
+    """``reg``'s device that ``key`` (lowercase) names: by its name ("opencl1"), or torch-style
+    by the backend's name and an index ("opencl:1"; "opencl": the first)."""
+    for d in reg.devices:
+        if d.name.lower() == key:
+            return d
+    _, colon, index = key.partition(":")
+    if not colon:
+        return reg.devices[0] if key == reg.name.lower() and reg.devices else None
+    return reg.devices[int(index)] if index.isdigit() and int(index) < len(reg.devices) else None
 
 
 def _selected(eps) -> list[metadata.EntryPoint]:

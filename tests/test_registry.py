@@ -91,3 +91,21 @@ def test_polydev_backends_loads_only_the_named_entry_points(monkeypatch):
         reg.devices
     monkeypatch.setenv("POLYDEV_BACKENDS", "all")
     assert "cpu" in {r.name.lower() for r in Registry().regs}
+
+
+def test_a_device_asked_by_name_loads_its_backend_alone(monkeypatch):
+    """A program that asks for the CPU alone starts no other backend's driver; asking for
+    every device (or a name no entry point has) loads them all."""
+    monkeypatch.delenv("POLYDEV_BACKENDS", raising=False)
+    reg = Registry()
+    cpu = reg.device("CPU")
+    assert cpu.type == DeviceType.CPU
+    assert reg._loaded_eps == {"cpu"} and not reg._loaded
+    assert reg.device("cpu:0") is cpu and reg._loaded_eps == {"cpu"}
+    with pytest.raises(DeviceNotFoundError, match="known devices: .*CPU"):
+        reg.device("NoSuchThing0")
+    assert reg._loaded
+    from importlib import metadata
+    assert reg._loaded_eps == {ep.name.lower()
+                               for ep in metadata.entry_points(group="polydev.backends")}
+    assert reg.device("CPU") is cpu and reg.devices[-1] is cpu
