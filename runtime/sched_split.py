@@ -2,7 +2,8 @@
 
 ``plan_splits`` assigns every node, source and leaf of a graph to a backend with ggml's five
 passes (ggml-backend.c's, in its order), keeping the cause of each choice ("1.wgt0", "2.sup", ...),
-then cuts the node list into splits, one backend each, and lists the sources each split must
+moves the cheap ops at a boundary between backends to where they copy fewer bytes
+(``sched_boundary``; "4.cut"), then cuts the node list into splits, one backend each, and lists the sources each split must
 have copied onto its backend. It reads the graph and never changes it: where ggml rewrites
 ``node.src[j]`` to a copy, the plan records the copy and the scheduler's own node twins use it.
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 from .buffer import BufferType, BufferUsage
 from .errors import GraphError
 from .ops import VIEW_OPS, Op
+from .sched_boundary import fewer_copies
 from .tensor import Tensor, TensorFlag
 
 if TYPE_CHECKING:
@@ -285,4 +287,5 @@ def plan_splits(backends: Sequence["Backend"], bufts: Sequence[BufferType], op_o
     planner.pass2(graph)
     planner.pass3(graph)
     planner.pass4(graph)
+    fewer_copies(planner, graph)
     return planner.ids, planner.pass5(graph)

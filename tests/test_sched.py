@@ -434,6 +434,81 @@ def test_random_graphs_match_one_cpu(backends, data):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+# --- the ops at a boundary between backends ------------------------------------------------------
+
+def _residual_layers(owners, n_tokens=3):
+    """Pre-norm residual layers, layer i's weights on ``owners[i]``: x += w_i (norm(x) * g_i);
+    the graph, its input, its output, and a float64 reference of it."""
+    rng = np.random.default_rng(5)
+    values = [(rng.standard_normal(K).astype(np.float32),
+               (rng.standard_normal((K, K)) / 8).astype(np.float32)) for _ in owners]
+    bufs, ctx = [], Context()
+    x = ctx.new_tensor(GGMLType.F32, (K, n_tokens), "x").set_input()
+    cur, nodes = x, {}
+    for i, (owner, (g, w)) in enumerate(zip(owners, values)):
+        buf, t = _weights(owner, {f"g{i}": g, f"w{i}": w})
+        bufs.append(buf)
+        norm = ops.rms_norm(ctx, cur, 1e-6)
+        cur = ops.add(ctx, cur, ops.mul_mat(ctx, t[f"w{i}"], ops.mul(ctx, norm, t[f"g{i}"])))
+        nodes[f"norm{i}"], nodes[f"out{i}"] = norm, cur
+    out = ops.rms_norm(ctx, cur, 1e-6).set_output()
+
+    def reference(xv):
+        h = xv.astype(np.float64)
+        for g, w in values:
+            normed = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-6)
+            h = h + (normed * g) @ w.T.astype(np.float64)
+        return h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-6)
+    return x, out, build_graph(out), nodes, bufs, reference
+
+
+@needs_opencl
+def test_a_boundary_between_backends_copies_one_activation(backends, rng):
+    """Layers on OpenCL0, the CPU, the CPU, OpenCL0: ggml's passes take two activations
+    across each boundary (the next layer's norm, or the last layer's residual add, placed on
+    the other side); the scheduler moves that op so one crosses, as llama.cpp's pinned norms
+    do one way, and computes what one CPU does."""
+    ocl, cpu = backends[0], backends[-1]
+    x, out, graph, nodes, bufs, reference = _residual_layers([ocl, cpu, cpu, ocl])
+    with Scheduler([ocl, cpu]) as sched:
+        sched.alloc_graph(graph)
+        xv = rng.standard_normal((3, K)).astype(np.float32)
+        x.set_data(xv)
+        sched.compute(graph)
+        np.testing.assert_allclose(out.numpy()[0, 0], reference(xv), rtol=1e-4, atol=1e-5)
+        assert sched.placement(nodes["norm1"]) == ("CPU", "4.cut")     # OpenCL0 -> CPU
+        assert sched.placement(nodes["out2"]) == ("CPU", "4.cut")      # CPU -> OpenCL0
+        activation = K * 3 * 4
+        # x onto OpenCL0, then one activation at each of the two boundaries
+        assert sum(sched.copied_bytes.values()) == 3 * activation
+    for buf in bufs:
+        buf.close()
+
+
+@needs_opencl
+@pytest.mark.parametrize("pinned", [False, True])
+def test_ops_at_a_boundary_stay_where_a_move_copies_as_much(backends, rng, pinned):
+    """Single layers alternating already take one activation across each boundary: nothing
+    moves; and an op the user pinned never moves."""
+    ocl, cpu = backends[0], backends[-1]
+    x, out, graph, nodes, bufs, reference = _residual_layers([ocl, cpu, ocl])
+    with Scheduler([ocl, cpu]) as sched:
+        if pinned:
+            sched.set_tensor_backend(nodes["norm1"], cpu)
+        sched.alloc_graph(graph)
+        xv = rng.standard_normal((3, K)).astype(np.float32)
+        x.set_data(xv)
+        sched.compute(graph)
+        np.testing.assert_allclose(out.numpy()[0, 0], reference(xv), rtol=1e-4, atol=1e-5)
+        assert all(sched.placement(n)[1] != "4.cut" for n in graph.nodes)
+        if pinned:
+            assert sched.placement(nodes["norm1"]) == ("CPU", "usr")
+        else:
+            assert sum(sched.copied_bytes.values()) == 3 * K * 3 * 4
+    for buf in bufs:
+        buf.close()
+
+
 # --- the other placement rules ------------------------------------------------------------------
 
 def _matmul_graph(w, n_tokens):
