@@ -237,7 +237,7 @@ decode() {
     step profile 60 "python3 bench/cuda_profile.py 'llama 1B-class Q4_K'"
     step compare 60 "python3 -m polydev.tools.cli compare -b CUDA0 \
 -o MUL_MAT,MUL_MAT_ID,FLASH_ATTN_EXT -j 4"
-    step sched 60 "python3 bench/sched.py --device CUDA0 --json --quick >'$OUT/sched.json'"
+    step sched 90 "python3 bench/sched.py --device CUDA0 --json --quick >'$OUT/sched.json'"
     summary
 }
 

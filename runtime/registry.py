@@ -3,7 +3,9 @@
 Backends are found through the entry-point group ``polydev.backends``: each entry point names a
 function that returns a ``Reg`` (the CPU backend is registered this way too). ``POLYDEV_BACKENDS``
 ("cpu,cuda") loads only the entry points it names, so a CPU-only run never initialises an
-OpenCL driver (PoCL alone costs about 37 MiB of RSS). Registration is
+OpenCL driver (PoCL and its LLVM held 97 MiB of a gemma-3-270m run's peak RSS), and neither
+does a device asked for by name while nothing has asked for every device: only the entry point
+its name begins with is loaded ("cpu" for "CPU"). Registration is
 deduplicated by reg name. Devices are listed accelerators first and CPU devices last, as ggml
 registers its backends. Names are looked up case-insensitively, and torch-style names work:
 "cpu", "cuda:1", "opencl:0".
@@ -47,6 +49,10 @@ class Registry:
         self._load_errors: dict[str, str] = {}
         self._loaded = False                    # every selected entry point
         self._loaded_eps: set[str] = set()      # the entry points loaded (by lowercase name)
+        self._entry_points: list[metadata.EntryPoint] | None = None    # the selected ones
+        # each entry point's reg by name -> its entry point's place: regs list in that order
+        # whichever was asked for first
+        self._rank: dict[str, int] = {}
         self._lock = threading.RLock()
 
     # --- registration -----------------------------------------------------------------------
@@ -56,13 +62,18 @@ class Registry:
         with self._lock:
             if self._loaded:
                 return
-            selected = _selected(metadata.entry_points(group=ENTRY_POINT_GROUP))
+            selected = self._selected_entry_points()
             self._loaded = True
-            for ep in selected:
+            for rank, ep in enumerate(selected):
                 if ep.name.lower() not in self._loaded_eps:
-                    self._load_entry_point(ep)
+                    self._load_entry_point(ep, rank)
 
-    def _load_entry_point(self, ep: metadata.EntryPoint) -> None:
+    def _selected_entry_points(self) -> list[metadata.EntryPoint]:
+        if self._entry_points is None:       # kept once POLYDEV_BACKENDS has been read well
+            self._entry_points = _selected(metadata.entry_points(group=ENTRY_POINT_GROUP))
+        return self._entry_points
+
+    def _load_entry_point(self, ep: metadata.EntryPoint, rank: int = 0) -> None:
         self._loaded_eps.add(ep.name.lower())
         start = time.perf_counter()
         try:
@@ -73,7 +84,7 @@ class Registry:
             return
         for reg in result if isinstance(result, (list, tuple)) else [result]:
             if reg is not None:
-                self.register(reg)
+                self._rank.setdefault(self.register(reg).name.lower(), rank)
                 _log_reg(reg, ep, time.perf_counter() - start)
 
     def register(self, reg: Reg) -> Reg:
@@ -102,7 +113,9 @@ class Registry:
         """Every reg, accelerator backends first, then other CPU-type backends, the CPU
         backend last."""
         self.load()
-        return sorted(self._regs, key=lambda r: (_is_cpu_reg(r), r.name.upper() == "CPU"))
+        unranked = len(self._rank)           # regs registered by hand: after, in their order
+        return sorted(self._regs, key=lambda r: (_is_cpu_reg(r), r.name.upper() == "CPU",
+                                                 self._rank.get(r.name.lower(), unranked)))
 
     @property
     def devices(self) -> list[Device]:
@@ -139,9 +152,8 @@ class Registry:
         for d in devs:
             if d.name.lower() == key:
                 return d
-        reg_name = key.partition(":")[0]
         for r in self.regs:
-            found = _named_device(r, key) if r.name.lower() == reg_name else None
+            found = _named_device(r, key)
             if found is not None:
                 return found
         known = ", ".join(d.name for d in devs) or "none"
@@ -161,13 +173,11 @@ class Registry:
         with self._lock:
             if self._loaded:
                 return None
-            for ep in _selected(metadata.entry_points(group=ENTRY_POINT_GROUP)):
+            for rank, ep in enumerate(self._selected_entry_points()):
                 if ep.name.lower() == backend and backend not in self._loaded_eps:
-                    self._load_entry_point(ep)
-            for r in self._regs:
-                if r.name.lower() == backend:
-                    return _named_device(r, key)
-            return None
+                    self._load_entry_point(ep, rank)
+            return next((d for r in self._regs if r.name.lower() == backend
+                         for d in [_named_device(r, key)] if d is not None), None)
 
     def _why_not(self, key: str) -> str:
         """Why the backend a name points at ("cuda:0", "CUDA1", "cuda") has no devices."""
@@ -205,13 +215,15 @@ class Registry:
 
 def _named_device(reg: Reg, key: str) -> Device | None:
     """``reg``'s device that ``key`` (lowercase) names: by its name ("opencl1"), or torch-style
-    by the backend's name and an index ("opencl:1"; "opencl": the first)."""
+    by the backend's name and an index ("opencl:1"; "opencl" or "opencl:": the first)."""
     for d in reg.devices:
         if d.name.lower() == key:
             return d
-    _, colon, index = key.partition(":")
-    if not colon:
-        return reg.devices[0] if key == reg.name.lower() and reg.devices else None
+    head, _, index = key.partition(":")
+    if head != reg.name.lower() or not reg.devices:
+        return None
+    if not index:
+        return reg.devices[0]
     return reg.devices[int(index)] if index.isdigit() and int(index) < len(reg.devices) else None
 
 

@@ -10,7 +10,10 @@ Differences from ggml, on purpose:
 - the caller's graph is never changed: the scheduler computes twins of its nodes whose sources
   point at the copies, and gives each original node its twin's memory;
 - a graph with the same structure as the last one (same ops, shapes, strides and weights)
-  reuses the last placement and splits without running the passes again;
+  reuses the last placement and splits without running the passes again, and a new graph of
+  the allocated one's structure takes over its whole step (twins, memory, bound plans);
+- a decode step's cheap ops at a boundary between backends move to where fewer bytes cross
+  (``sched_boundary``);
 - an eval callback that returns False cancels the rest of the compute, every split;
 - every tensor keeps the cause of its placement (``placement(t)``), printed with
   ``POLYDEV_SCHED_DEBUG=1`` (splits) or ``=2`` (every node);
@@ -64,11 +67,12 @@ class _Step:
 
     splits: list[Split]
     graphs: list[Graph]                       # each split's twin nodes
-    originals: list[list[Tensor]]             # each split's original nodes (for callbacks)
+    originals: list[list[Tensor]]             # each split's caller's nodes (for callbacks)
     copies: dict[tuple[int, int], list[Tensor]]   # (id(src), backend) -> copy per slot
     resolve: dict[int, Tensor]                # id(original node) -> its twin
     ids: Assignment
-    planned: Graph                            # the graph whose tensors the fields name
+    planned: Graph          # the graph whose tensors the fields name (but ``originals``)
+    planned_size: tuple[int, int]             # its nodes and leafs when it was planned
     # a graph of the same structure that took the step over (Scheduler._took_over_allocated)
     # and, made when first asked, id(its tensor) -> the planned graph's tensor in its place
     caller: Graph | None = None
@@ -187,10 +191,11 @@ class Scheduler(Resource):
 
     def placement(self, t: Tensor) -> tuple[str, str] | None:
         """(backend name, cause) of ``t`` in the last placement, e.g. ("OpenCL0", "1.wgt0")."""
-        if self._step is None or self._step.ids.get(self._step.named(t)) == -1:
+        if self._step is None:
             return None
         t = self._step.named(t)
-        return self.backends[self._step.ids.get(t)].name, self._step.ids.cause(t)
+        b = self._step.ids.get(t)
+        return None if b == -1 else (self.backends[b].name, self._step.ids.cause(t))
 
     def set_eval_callback(self, callback: EvalCallback | None) -> None:
         """Call ``callback`` around nodes (see EvalCallback); None removes it."""
@@ -220,7 +225,9 @@ class Scheduler(Resource):
 
         Allocating again the graph that is allocated (the same object, no node or leaf added
         since) keeps everything as it is: a decode loop that computes one graph with new
-        inputs pays nothing here, as ggml's graph reuse does."""
+        inputs pays nothing here, as ggml's graph reuse does. A new graph of the allocated
+        graph's structure (a loop that builds one per step) takes over its step: its tensors
+        get their counterparts' memory, and nothing is placed or allocated again."""
         self._check_open()
         size = (graph.n_nodes, graph.n_leafs)
         if self.n_copies == 1 and graph is self._allocated_graph and size == self._allocated_size:
@@ -330,7 +337,8 @@ class Scheduler(Resource):
         it was built for)."""
         key = (id(graph), self.cur_copy)
         kept = self._kept.get(key)
-        if kept is not None and kept[0] is graph and kept[1] == (graph.n_nodes, graph.n_leafs):
+        if (kept is not None and kept[0] is graph and kept[1] == (graph.n_nodes, graph.n_leafs)
+                and _planned_intact(kept[2])):
             self._kept.move_to_end(key)
             return kept[2]
         return None
@@ -353,7 +361,7 @@ class Scheduler(Resource):
         last one planned."""
         old_graph, old = self._allocated_graph, self._step
         if (old_graph is None or old is not self._last_step or old_graph is not self._last_graph
-                or signature != self._signature):
+                or signature != self._signature or not _planned_intact(old)):
             return False
         originals = [graph.nodes[split.i_start:split.i_end] for split in old.splits]
         step = replace(old, originals=originals, caller=graph, _names=None)
@@ -368,8 +376,9 @@ class Scheduler(Resource):
     @staticmethod
     def _give_memory(graph: Graph, step: _Step) -> None:
         """The caller's nodes share their twins' memory; the leafs of a graph that took over
-        another's step (it planned their counterparts) share their counterparts' (for a
-        leaf that had memory of its own the signature made that the same memory)."""
+        another's step share their counterparts' in the planned graph (an input that the
+        allocator placed; one the caller allocated is at the same bytes, as the signature
+        says)."""
         planned = step.planned
         for node, planned_node in zip(graph.nodes, planned.nodes):
             twin = step.resolve[id(planned_node)]
@@ -431,7 +440,8 @@ class Scheduler(Resource):
                 g.add_node(twin)
             graphs.append(g)
             originals.append(graph.nodes[split.i_start:split.i_end])
-        return _Step(splits, graphs, originals, copies, resolve, ids, graph)
+        return _Step(splits, graphs, originals, copies, resolve, ids, graph,
+                     (graph.n_nodes, graph.n_leafs))
 
     def _source_for(self, src: Tensor, backend_id: int, copies, ids: Assignment,
                     resolved) -> Tensor:
@@ -442,12 +452,13 @@ class Scheduler(Resource):
         return resolved(src)
 
     def _allocation_graph(self, graph: Graph, step: _Step) -> tuple[Graph, list, list]:
-        """Input keep-alive views, input copies and twins per split, plus the leaves."""
+        """Input keep-alive views, input copies and twins per split, plus the leaves, for
+        the graph ``step`` was planned for."""
         n_inputs = sum(len(s.inputs) for s in step.splits)
         g = Graph(max(graph.n_nodes + 2 * n_inputs * self.n_copies, graph.n_leafs, 1))
         node_ids, leaf_ids = [], []
         ctx = Context("sched")
-        for split, twins, originals in zip(step.splits, step.graphs, step.originals):
+        for split, twins in zip(step.splits, step.graphs):
             for src in split.inputs:
                 source = step.resolve.get(id(src), src)
                 keep_alive = ctx.new_view(source, source.ne, source.nb, 0)
@@ -457,7 +468,7 @@ class Scheduler(Resource):
                 node_ids.append(step.ids.get(src))
                 g.add_node(step.copies[(id(src), split.backend_id)][self.cur_copy])
                 node_ids.append(split.backend_id)
-            for twin, node in zip(twins.nodes, originals):
+            for twin, node in zip(twins.nodes, graph.nodes[split.i_start:split.i_end]):
                 g.add_node(twin)
                 node_ids.append(step.ids.get(node))
         if self.n_copies > 1:                       # every slot of every copy stays in memory
@@ -604,7 +615,7 @@ def _signature(graph: Graph) -> list:
     """The structure of ``graph``: equal signatures place and split the same way. A source
     is named by its place in the graph (nodes from 1, leafs from -1), or by its key when it
     is in neither. (Computed for every new graph of a loop that builds one per step, so
-    written for speed: one flat tuple a node, no call for a source in the graph.)"""
+    written for speed: one flat tuple a node, a source in the graph looked up, not keyed.)"""
     index = {id(t): i for i, t in enumerate(graph.nodes, 1)}
     index.update({id(t): -i for i, t in enumerate(graph.leafs, 1)})
     place = index.get
@@ -619,6 +630,11 @@ def _signature(graph: Graph) -> list:
                           None if t is None else place(id(t)) or _tensor_key(t), *refs))
     signature += [_tensor_key(leaf) for leaf in graph.leafs]
     return signature
+
+
+def _planned_intact(step: _Step) -> bool:
+    """Whether the graph ``step`` was planned for has no node or leaf added since."""
+    return (step.planned.n_nodes, step.planned.n_leafs) == step.planned_size
 
 
 def _renamed_splits(splits: list[Split], mapping: dict[int, Tensor]) -> list[Split]:

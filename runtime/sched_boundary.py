@@ -14,7 +14,8 @@ each elementwise or row op of a few rows (``MAX_ROWS``: a decode step's) that no
 input or user placed (``MOVABLE``, causes ``EXPANDED``) moves to the backend of one of its
 sources or consumers where that copies fewer bytes across backends, counting a copy that
 another reader needs anyway as free. Its cause becomes "4.cut". An op read through a view
-stays, and so does an op no other backend runs.
+stays, so does one that writes into its source's memory (in place: it is a view of it), and
+one no other backend runs.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ if TYPE_CHECKING:
 
 # cheap ops on activations: moving one never trades a copy for real work on a slower device
 MOVABLE = frozenset({Op.ADD, Op.MUL, Op.RMS_NORM, Op.NORM, Op.SCALE})
-EXPANDED = frozenset({"2.sup", "3.best", "4.sup"})       # placed by no weight, input or user
-# rows of an op that may move: a decode step's few tokens, as llama.cpp pins its norms only
-# for ubatches under 32 tokens (with bench/sched.py's 64 tokens over PoCL and the CPU, the
-# moved ops halved the bytes copied and still made the step 10% slower)
+EXPANDED = frozenset({"2.sup", "3.best"})       # placed by no weight, input or user
+# the most rows (ne1 ne2 ne3) of an op that may move: a decode step's activations, as
+# llama.cpp pins its norms only for ubatches under 32 tokens (with bench/sched.py's 64 tokens
+# over PoCL and the CPU, the moved ops halved the bytes copied and still slowed the step 10%)
 MAX_ROWS = 31
 
 
@@ -54,8 +55,8 @@ def fewer_copies(planner: "SplitPlanner", graph: "Graph") -> None:
             readers[id(src)][ids.get(node)] += 1
             consumers[id(src)].append(node)
     for node in graph.nodes:
-        if (node.op not in MOVABLE or ids.cause(node) not in EXPANDED or id(node) in viewed
-                or node.nrows > MAX_ROWS):
+        if (node.op not in MOVABLE or ids.cause(node) not in EXPANDED or node.nrows > MAX_ROWS
+                or id(node) in viewed or node.view_src is not None):
             continue
         here = ids.get(node)
         outs = {ids.get(c) for c in consumers[id(node)]}

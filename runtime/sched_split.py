@@ -1,10 +1,10 @@
 """The scheduler's placement passes and split formation (ggml_backend_sched_split_graph).
 
-``plan_splits`` assigns every node, source and leaf of a graph to a backend with ggml's five
-passes (ggml-backend.c's, in its order), keeping the cause of each choice ("1.wgt0", "2.sup", ...),
-moves the cheap ops at a boundary between backends to where they copy fewer bytes
-(``sched_boundary``; "4.cut"), then cuts the node list into splits, one backend each, and lists the sources each split must
-have copied onto its backend. It reads the graph and never changes it: where ggml rewrites
+``plan_splits`` assigns every node, source and leaf of a graph to a backend with ggml's five passes
+(ggml-backend.c's, in its order), keeping the cause of each choice ("1.wgt0", "2.sup", ...), moves
+the cheap ops at a boundary between backends to where they copy fewer bytes (``sched_boundary``;
+"4.cut"), then cuts the node list into splits, one backend each, and lists the sources each split
+must have copied onto its backend. It reads the graph and never changes it: where ggml rewrites
 ``node.src[j]`` to a copy, the plan records the copy and the scheduler's own node twins use it.
 """
 

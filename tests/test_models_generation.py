@@ -65,11 +65,13 @@ def _vocabulary_logits(rng, n: int, case: str) -> np.ndarray:
         logits[:] = 1.0
     elif case == "one block":              # the largest values crowded into one block
         logits[1000:1256] += 100.0
+    elif case == "nan":
+        logits[777] = np.nan
     return logits
 
 
 @pytest.mark.parametrize("n", [262144, 49152, 32000 + 77, 5000])
-@pytest.mark.parametrize("case", ["random", "ties", "masked", "flat", "one block"])
+@pytest.mark.parametrize("case", ["random", "ties", "masked", "flat", "one block", "nan"])
 def test_top_k_over_a_vocabulary_is_the_k_largest_with_lower_ids_first(n, case):
     """The top-k step bounds the k-th largest value by blocks' maxima before selecting: the
     ids, their order and the ties are those of a full sort."""
@@ -77,8 +79,9 @@ def test_top_k_over_a_vocabulary_is_the_k_largest_with_lower_ids_first(n, case):
     logits = _vocabulary_logits(rng, n, case)
     for k in (1, 5, 40, 200, n - 1):
         ids, values = sampling._top_k(logits, k)
-        np.testing.assert_array_equal(ids, _k_largest(logits, k))
-        np.testing.assert_array_equal(values, logits[ids])
+        as_numbers = np.where(np.isnan(logits), -np.inf, logits)     # a NaN is the least
+        np.testing.assert_array_equal(ids, _k_largest(as_numbers, k))
+        np.testing.assert_array_equal(values, as_numbers[ids])
 
 
 def test_temperature_zero_is_greedy_and_seeds_repeat():

@@ -101,7 +101,8 @@ def test_a_device_asked_by_name_loads_its_backend_alone(monkeypatch):
     cpu = reg.device("CPU")
     assert cpu.type == DeviceType.CPU
     assert reg._loaded_eps == {"cpu"} and not reg._loaded
-    assert reg.device("cpu:0") is cpu and reg._loaded_eps == {"cpu"}
+    assert reg.device("cpu:0") is cpu and reg.device("cpu:") is cpu
+    assert reg._loaded_eps == {"cpu"}
     with pytest.raises(DeviceNotFoundError, match="known devices: .*CPU"):
         reg.device("NoSuchThing0")
     assert reg._loaded
@@ -109,3 +110,16 @@ def test_a_device_asked_by_name_loads_its_backend_alone(monkeypatch):
     assert reg._loaded_eps == {ep.name.lower()
                                for ep in metadata.entry_points(group="polydev.backends")}
     assert reg.device("CPU") is cpu and reg.devices[-1] is cpu
+
+
+def test_devices_keep_the_entry_points_order_whichever_was_asked_first(monkeypatch):
+    monkeypatch.delenv("POLYDEV_BACKENDS", raising=False)
+    whole = Registry()
+    everything = [r.name for r in whole.regs]
+    for first in [d.name for d in whole.devices] + everything:
+        reg = Registry()
+        try:
+            reg.device(first)
+        except DeviceNotFoundError:       # a backend without devices (Ray without a cluster)
+            pass
+        assert [r.name for r in reg.regs] == everything

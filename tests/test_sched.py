@@ -242,6 +242,32 @@ def test_graphs_that_took_over_a_step_compute_again_in_any_order(backends, rng, 
                                        atol=1e-5)
 
 
+@needs_opencl
+def test_a_graph_that_took_over_a_step_comes_back_after_another_structure(backends, rng):
+    """A graph that took a step over, allocated again after a graph of another structure
+    replaced the memory's layout, and after its planned graph grew: each computes with its
+    own inputs."""
+    ocl, cpu = backends[0], backends[-1]
+    w0v, w1v = rng.standard_normal((2, K, K)).astype(np.float32)
+    buf0, t0 = _weights(ocl, {"w0": w0v})
+    buf1, t1 = _weights(cpu, {"w1": w1v})
+
+    def step(x, y, graph, n_tokens=3):
+        sched.alloc_graph(graph)
+        xv = rng.standard_normal((n_tokens, K)).astype(np.float32)
+        x.set_data(xv)
+        sched.compute(graph)
+        np.testing.assert_allclose(y.numpy()[0, 0], _mlp_ref(xv, w0v, w1v), rtol=1e-4,
+                                   atol=1e-5)
+    with buf0, buf1, Scheduler([ocl, cpu]) as sched:
+        a, b, c = _mlp(t0["w0"], t1["w1"]), _mlp(t0["w0"], t1["w1"]), _mlp(t0["w0"], t1["w1"], 7)
+        for graph in (a, b, c, b, a, b):
+            step(*graph, n_tokens=7 if graph is c else 3)
+        a[2].build_forward_expand(ops.neg(Context(), a[1]))       # the planned graph grows
+        step(*b)
+        step(*a)
+
+
 def test_a_new_graph_reading_other_memory_is_placed_again(rng, monkeypatch):
     """Equal structure means the same weights at the same bytes: a new graph over another
     weight buffer is placed and allocated anew, and computes with its own weights; one with
