@@ -89,7 +89,8 @@ class Sampler:
         values = self._penalize(logits.copy()) if self._penalties_on() else logits
         self._values = values
         if p.greedy:
-            return int(np.argmax(values))
+            best = int(np.argmax(values))      # a NaN's index, where there is one
+            return best if not np.isnan(values[best]) else int(np.argmax(_numbers(values)))
         ids, values = _top_k(values, p.top_k)
         ids, values = _top_p(ids, values, p.top_p)
         ids, values = _min_p(ids, values, p.min_p)
@@ -136,8 +137,8 @@ def _top_k(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The token ids of the k largest values and those values, sorted descending (k <= 0:
     all, sorted); of equal values the lower ids. A NaN counts as minus infinity: never
     drawn while a number is left."""
-    if np.isnan(values.max()):            # a max is NaN where any value is: 14 µs at 262k
-        values = np.where(np.isnan(values), np.float32(-np.inf), values)
+    if values.size and np.isnan(values.max()):     # NaN where any value is: 14 µs at 262k
+        values = _numbers(values)
     if 0 < k < len(values):
         ids = _candidates(values, k)
         chosen = values if ids is None else values[ids]
@@ -153,6 +154,11 @@ def _top_k(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     values = values[ids]
     order = np.argsort(-values, kind="stable")
     return ids[order], values[order]
+
+
+def _numbers(values: np.ndarray) -> np.ndarray:
+    """``values`` with each NaN as minus infinity (never drawn while a number is left)."""
+    return np.where(np.isnan(values), np.float32(-np.inf), values)
 
 
 def _candidates(values: np.ndarray, k: int) -> np.ndarray | None:

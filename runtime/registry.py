@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import re
 import threading
 import time
@@ -73,7 +74,7 @@ class Registry:
             self._entry_points = _selected(metadata.entry_points(group=ENTRY_POINT_GROUP))
         return self._entry_points
 
-    def _load_entry_point(self, ep: metadata.EntryPoint, rank: int = 0) -> None:
+    def _load_entry_point(self, ep: metadata.EntryPoint, rank: int) -> None:
         self._loaded_eps.add(ep.name.lower())
         start = time.perf_counter()
         try:
@@ -105,6 +106,8 @@ class Registry:
     def unregister(self, reg: Reg) -> None:
         with self._lock:
             self._regs = [r for r in self._regs if r is not reg]
+            if not any(r.name.lower() == reg.name.lower() for r in self._regs):
+                self._rank.pop(reg.name.lower(), None)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -113,7 +116,7 @@ class Registry:
         """Every reg, accelerator backends first, then other CPU-type backends, the CPU
         backend last."""
         self.load()
-        unranked = len(self._rank)           # regs registered by hand: after, in their order
+        unranked = math.inf                  # regs registered by hand: after, in their order
         return sorted(self._regs, key=lambda r: (_is_cpu_reg(r), r.name.upper() == "CPU",
                                                  self._rank.get(r.name.lower(), unranked)))
 

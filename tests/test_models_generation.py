@@ -84,6 +84,16 @@ def test_top_k_over_a_vocabulary_is_the_k_largest_with_lower_ids_first(n, case):
         np.testing.assert_array_equal(values, as_numbers[ids])
 
 
+def test_a_nan_logit_is_never_drawn_while_a_number_is_left():
+    logits = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    logits[[3, 500]] = np.nan
+    numbers = np.where(np.isnan(logits), -np.inf, logits)
+    assert Sampler(SamplingParams(temperature=0)).sample(logits) == int(np.argmax(numbers))
+    drawn = {Sampler(SamplingParams(seed=s, top_k=0, top_p=1.0, min_p=0.0)).sample(logits)
+             for s in range(50)}
+    assert not drawn & {3, 500}
+
+
 def test_temperature_zero_is_greedy_and_seeds_repeat():
     logits = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
     assert Sampler(SamplingParams(temperature=0)).sample(logits) == int(np.argmax(logits))

@@ -6,7 +6,7 @@ import pytest
 
 import polydev
 from polydev import Device, DeviceType, Reg
-from polydev.registry import Registry
+from polydev.registry import Registry, _is_cpu_reg
 from polydev.errors import DeviceNotFoundError
 
 
@@ -59,7 +59,7 @@ def test_broken_entry_point_is_reported_not_raised():
     reg = Registry()
     reg._loaded = True
     reg._load_entry_point(EntryPoint("broken", "polydev_no_such_module:register",
-                                     "polydev.backends"))
+                                     "polydev.backends"), 0)
     assert "broken" in reg._load_errors
 
 
@@ -123,3 +123,8 @@ def test_devices_keep_the_entry_points_order_whichever_was_asked_first(monkeypat
         except DeviceNotFoundError:       # a backend without devices (Ray without a cluster)
             pass
         assert [r.name for r in reg.regs] == everything
+        reg.register(Reg("HAND", [_FakeGPU("HAND0", "a reg registered by hand")]))
+        names = [r.name for r in reg.regs]
+        assert [n for n in names if n != "HAND"] == everything
+        # after the entry points' accelerator regs, whichever loaded first
+        assert [r.name for r in reg.regs if not _is_cpu_reg(r)][-1] == "HAND"

@@ -266,6 +266,7 @@ def test_a_graph_that_took_over_a_step_comes_back_after_another_structure(backen
         a[2].build_forward_expand(ops.neg(Context(), a[1]))       # the planned graph grows
         step(*b)
         step(*a)
+        step(*b)            # its kept step laid out again for a's new layout
 
 
 def test_a_new_graph_reading_other_memory_is_placed_again(rng, monkeypatch):
@@ -462,9 +463,10 @@ def test_random_graphs_match_one_cpu(backends, data):
 
 # --- the ops at a boundary between backends ------------------------------------------------------
 
-def _residual_layers(owners, n_tokens=3):
-    """Pre-norm residual layers, layer i's weights on ``owners[i]``: x += w_i (norm(x) * g_i);
-    the graph, its input, its output, and a float64 reference of it."""
+def _residual_layers(owners, n_tokens=3, inplace=False):
+    """Pre-norm residual layers, layer i's weights on ``owners[i]``: x += w_i (norm(x) * g_i)
+    (``inplace``: into the residual's memory); the graph, its input, its output, and a
+    float64 reference of it."""
     rng = np.random.default_rng(5)
     values = [(rng.standard_normal(K).astype(np.float32),
                (rng.standard_normal((K, K)) / 8).astype(np.float32)) for _ in owners]
@@ -475,7 +477,8 @@ def _residual_layers(owners, n_tokens=3):
         buf, t = _weights(owner, {f"g{i}": g, f"w{i}": w})
         bufs.append(buf)
         norm = ops.rms_norm(ctx, cur, 1e-6)
-        cur = ops.add(ctx, cur, ops.mul_mat(ctx, t[f"w{i}"], ops.mul(ctx, norm, t[f"g{i}"])))
+        cur = ops.add(ctx, cur, ops.mul_mat(ctx, t[f"w{i}"], ops.mul(ctx, norm, t[f"g{i}"])),
+                      inplace=inplace and i > 0)
         nodes[f"norm{i}"], nodes[f"out{i}"] = norm, cur
     out = ops.rms_norm(ctx, cur, 1e-6).set_output()
 
@@ -507,6 +510,55 @@ def test_a_boundary_between_backends_copies_one_activation(backends, rng):
         activation = K * 3 * 4
         # x onto OpenCL0, then one activation at each of the two boundaries
         assert sum(sched.copied_bytes.values()) == 3 * activation
+    for buf in bufs:
+        buf.close()
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_op_in_place_stays_in_its_sources_memory(inplace):
+    """The boundary pass alone, over two backends that cannot read each other's memory: an
+    add whose sources and reader are on backend 0 moves there, unless it writes into its
+    source's memory (in place: a view of it)."""
+    from polydev.sched_boundary import fewer_copies
+
+    class Planner:          # what fewer_copies asks of a SplitPlanner
+        ids = sched_split.Assignment()
+        bufts = ["buft0", "buft1"]
+        backends = [type("B", (), {"supports_buft": lambda self, buft: False})()] * 2
+
+        def supports_op(self, b, t):
+            return True
+
+        def buffer_supported(self, t, b):
+            return False
+    ctx = Context()
+    a, b = (ctx.new_tensor(GGMLType.F32, (K, 1), name) for name in "ab")
+    added = ops.add(ctx, a, b, inplace=inplace)
+    reader = ops.silu(ctx, added)
+    graph = build_graph(reader)
+    planner = Planner()
+    for t, backend, cause in ((a, 0, "1.wgt0"), (b, 0, "1.wgt0"), (added, 1, "2.sup"),
+                              (reader, 0, "1.wgt0")):
+        planner.ids.set(t, backend, cause)
+    fewer_copies(planner, graph)
+    assert planner.ids.get(added) == (1 if inplace else 0)
+
+
+@needs_opencl
+@pytest.mark.parametrize("n_tokens", [31, 32])
+def test_only_a_decode_steps_ops_move_at_a_boundary(backends, rng, n_tokens):
+    """As llama.cpp pins its norms only for ubatches under 32 tokens: a prompt's ops stay
+    where ggml's passes put them."""
+    ocl, cpu = backends[0], backends[-1]
+    x, out, graph, nodes, bufs, reference = _residual_layers([ocl, cpu, cpu, ocl], n_tokens)
+    with Scheduler([ocl, cpu]) as sched:
+        sched.alloc_graph(graph)
+        xv = rng.standard_normal((n_tokens, K)).astype(np.float32)
+        x.set_data(xv)
+        sched.compute(graph)
+        np.testing.assert_allclose(out.numpy()[0, 0], reference(xv), rtol=1e-4, atol=1e-5)
+        moved = [n for n in graph.nodes if sched.placement(n)[1] == "4.cut"]
+        assert len(moved) == (2 if n_tokens < 32 else 0)
     for buf in bufs:
         buf.close()
 
