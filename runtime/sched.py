@@ -217,7 +217,7 @@ class Scheduler(Resource):
         self._check_open()
         self._sync_backends()
         step = self._plan(graph)
-        sched_graph, node_ids, leaf_ids = self._allocation_graph(graph, step)
+        sched_graph, node_ids, leaf_ids = self._allocation_graph(step)
         self.galloc.reserve(sched_graph, node_ids, leaf_ids)
 
     def alloc_graph(self, graph: Graph) -> None:
@@ -240,7 +240,7 @@ class Scheduler(Resource):
             if self.n_copies == 1 and self._took_over_allocated(graph, signature):
                 return
             step = self._remembered(graph, self._plan(graph, signature))
-        sched_graph, node_ids, leaf_ids = self._allocation_graph(step.planned, step)
+        sched_graph, node_ids, leaf_ids = self._allocation_graph(step)
         if not self.galloc.alloc_graph(sched_graph):
             self._sync_backends()          # the copy slots stay as they are
             self.galloc.reserve(sched_graph, node_ids, leaf_ids)
@@ -387,14 +387,11 @@ class Scheduler(Resource):
             for leaf, planned_leaf in zip(graph.leafs, planned.leafs):
                 leaf.buffer, leaf.offset = planned_leaf.buffer, planned_leaf.offset
 
-    def _check_size(self, graph: Graph) -> None:
+    def _plan(self, graph: Graph, signature: list | None = None) -> _Step:
         if graph.n_nodes + graph.n_leafs > 2 * self.graph_size:
             raise InvalidArgumentError(f"graph of {graph.n_nodes} nodes and {graph.n_leafs} "
                                        f"leafs exceeds the scheduler's graph size "
                                        f"{self.graph_size}")
-
-    def _plan(self, graph: Graph, signature: list | None = None) -> _Step:
-        self._check_size(graph)
         if signature is None:
             signature = _signature(graph)
         if self._last_step is not None and signature == self._signature:
@@ -451,9 +448,10 @@ class Scheduler(Resource):
             return slots[self.cur_copy]
         return resolved(src)
 
-    def _allocation_graph(self, graph: Graph, step: _Step) -> tuple[Graph, list, list]:
+    def _allocation_graph(self, step: _Step) -> tuple[Graph, list, list]:
         """Input keep-alive views, input copies and twins per split, plus the leaves, for
         the graph ``step`` was planned for."""
+        graph = step.planned
         n_inputs = sum(len(s.inputs) for s in step.splits)
         g = Graph(max(graph.n_nodes + 2 * n_inputs * self.n_copies, graph.n_leafs, 1))
         node_ids, leaf_ids = [], []
